@@ -1,0 +1,33 @@
+"""Real servers for the tests: OpenSSH's sshd and SeaweedFS's S3, each started by the test."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.servers.s3 import S3Server, start_s3
+from tests.servers.sshd import SshServer, start_sshd
+
+
+@pytest.fixture
+def sshd() -> Iterator[SshServer]:
+    # A short path of its own: sshd and Unix sockets dislike long ones.
+    with tempfile.TemporaryDirectory(prefix="fd-sshd-") as d:
+        server = start_sshd(Path(d))
+        try:
+            yield server
+        finally:
+            server.kill()
+
+
+@pytest.fixture
+def s3() -> Iterator[S3Server]:
+    with tempfile.TemporaryDirectory(prefix="fd-s3-") as d:
+        server = start_s3(Path(d))
+        try:
+            yield server
+        finally:
+            server.kill()
