@@ -1,0 +1,101 @@
+"""failures.jsonl: the engine's append-only journal of what is not a completion.
+
+An index's state here is its last event: `failed` (gave up), `requeued` (to be generated again
+at a generation attempt). `retry` events record which retry requests were applied.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from agents.atomic import cut_torn_tail
+from agents.schema import FailureEvent, encoder, failure_decoder
+
+
+@dataclass(slots=True)
+class JournalState:
+    # index -> (last event, generation attempt it concerns, error class or retry reason)
+    last: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    retry_applied: dict[str, int] = field(default_factory=dict)
+    bad_input: int = 0
+
+
+class Journal:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.state = JournalState()
+        self._fd = -1
+
+    def recover(self) -> JournalState:
+        cut_torn_tail(self.path)
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        ev = failure_decoder.decode(raw)
+                    except msgspec.DecodeError as exc:
+                        raise ValueError(
+                            f"{self.path}:{lineno}: unreadable record: {exc}"
+                        ) from None
+                    self._apply(ev)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return self.state
+
+    def _apply(self, ev: FailureEvent) -> None:
+        if ev.event == "retry":
+            if ev.what is not None and ev.rev is not None:
+                self.state.retry_applied[ev.what] = max(
+                    ev.rev, self.state.retry_applied.get(ev.what, 0)
+                )
+            return
+        if ev.index is None:
+            return
+        if ev.event == "failed" and ev.error == "bad_input":
+            self.state.bad_input += 1
+        detail = (ev.error if ev.event == "failed" else ev.what) or ""
+        self.state.last[ev.index] = (ev.event, ev.attempt or 1, detail)
+
+    def append(self, events: list[FailureEvent]) -> None:
+        """Write events with one fsync (blocking: call from the store's worker thread)."""
+        if not events:
+            return
+        buf = b"".join(encoder.encode(ev) + b"\n" for ev in events)
+        os.write(self._fd, buf)
+        os.fsync(self._fd)
+        for ev in events:
+            self._apply(ev)
+
+    def failed_indices(self, include_bad_input: bool = False) -> list[int]:
+        return [i for i, (ev, _, err) in self.state.last.items()
+                if ev == "failed" and (include_bad_input or err != "bad_input")]
+
+    def failed_count(self) -> int:
+        return sum(1 for ev, _, _ in self.state.last.values() if ev == "failed")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def failed(index: int, error: str, message: str, attempts: int, server: int | None,
+           attempt: int = 1, line: int | None = None) -> FailureEvent:
+    return FailureEvent(event="failed", time=time.time(), index=index, error=error,
+                        message=message[:2000], attempts=attempts, server=server,
+                        attempt=attempt, line=line)
+
+
+def requeued(index: int, attempt: int, what: str) -> FailureEvent:
+    return FailureEvent(event="requeued", time=time.time(), index=index, attempt=attempt,
+                        what=what)
+
+
+def retry_applied(what: str, rev: int) -> FailureEvent:
+    return FailureEvent(event="retry", time=time.time(), what=what, rev=rev)

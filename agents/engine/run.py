@@ -1,0 +1,553 @@
+"""The generation engine: one asyncio loop that streams the prompt set to the servers, writes
+completions crash-safely, uploads closed batches, follows control.json and reports progress."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.atomic import atomic_write
+from agents.control import ControlError, ensure_control, read_control
+from agents.engine import prompts as prompt_io
+from agents.engine.accounting import Meter, Totals, server_progress
+from agents.engine.client import RequestFailed, build_request, chat, make_client
+from agents.engine.dispatch import Dispatcher, Server
+from agents.engine.journal import Journal, failed, requeued, retry_applied
+from agents.engine.store import BatchStore, ClosedBatch
+from agents.engine.uploader import Uploader, check_bucket
+from agents.runspec import GenerateSection, RunSpec, SpecError, keep_copy
+from agents.schema import BatchLine, Control, Progress, RunPin, Usage, encoder, pin_decoder
+
+log = logging.getLogger("fleetdeck.engine")
+
+PROGRESS_INTERVAL_S = float(os.environ.get("FLEETDECK_PROGRESS_INTERVAL_S", "1.0"))
+HISTORY_INTERVAL_S = 10.0
+CONTROL_POLL_S = 0.25
+
+
+class EngineError(RuntimeError):
+    """Refusal to start: the message names what and where."""
+
+
+class _LineFields(msgspec.Struct):
+    index: int
+    finish_reason: str
+    max_tokens: int = 0
+    attempt: int = 1
+
+
+def check_pin(spec: RunSpec, run_dir: Path) -> RunPin:
+    """First launch pins what the indices mean; a resume against anything else is refused."""
+    gen = spec.generate
+    assert gen is not None
+    path = run_dir / "run.pin.json"
+    prompts = spec.prompts_path
+    st = prompts.stat()
+    if path.exists():
+        pin = pin_decoder.decode(path.read_bytes())
+        # Same size and mtime: the file is the pinned one (no 3 GB re-hash at every resume).
+        unchanged = st.st_size == pin.prompts_size and st.st_mtime_ns == pin.prompts_mtime_ns
+        if not unchanged and (st.st_size != pin.prompts_size or not _same_hash(prompts, pin)):
+            raise EngineError(
+                f"{prompts}: the prompts file changed since this run was pinned "
+                f"({path}: {pin.prompts_lines} lines, sha256 {pin.prompts_sha256[:12]}...). "
+                "Indices would point at other prompts: restore the file or use a new run dir."
+            )
+        for key, now, then in (
+            ("[generate] model", spec.model_name, pin.model),
+            ("[generate] sampling", gen.sampling, pin.sampling),
+            ("[generate] chat_template_kwargs", gen.chat_template_kwargs,
+             pin.chat_template_kwargs),
+        ):
+            if now != then:
+                raise EngineError(f"{spec.source}: {key} is {now!r} but the run was pinned with "
+                                  f"{then!r} ({path}); a resume may not change it")
+        return pin
+    sha, lines, size = prompt_io.scan(prompts)
+    pin = RunPin(prompts_path=str(prompts), prompts_sha256=sha, prompts_lines=lines,
+                 prompts_size=size, prompts_mtime_ns=st.st_mtime_ns, model=spec.model_name,
+                 sampling=gen.sampling, chat_template_kwargs=gen.chat_template_kwargs,
+                 created_at=time.time())
+    atomic_write(path, encoder.encode(pin))
+    return pin
+
+
+def _same_hash(prompts: Path, pin: RunPin) -> bool:
+    sha, _, _ = prompt_io.scan(prompts)
+    return sha == pin.prompts_sha256
+
+
+class Engine:
+    def __init__(self, spec: RunSpec) -> None:
+        if spec.generate is None:
+            raise SpecError(f"{spec.source}: [generate]: missing")
+        self.spec = spec
+        self.gen: GenerateSection = spec.generate
+        self.run_dir = spec.run_dir
+        self.status = "starting"
+        self.stopping = False
+        self.message: str | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._retry_tasks: set[asyncio.Task[None]] = set()
+        self._inflight: set[int] = set()
+        self._write_q: asyncio.Queue[tuple[int, int, bytes, BatchLine, str | None]] = (
+            asyncio.Queue()
+        )
+        self._requeue_reason: dict[int, str] = {}
+        self._epoch = 0
+        self._live = 0  # request tasks not yet finished
+        self._idle = asyncio.Event()
+        self._lock_fd = -1
+        self.uploader: Uploader | None = None
+        self.control: Control | None = None
+        self._control_mtime: int = -1
+        self._last_history = 0.0
+
+    # -- start ------------------------------------------------------------------------------
+
+    def _lock_run_dir(self) -> None:
+        self._lock_fd = os.open(self.run_dir / "run.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EngineError(f"{self.run_dir}: another engine is running this run "
+                              "(run.lock is held)") from None
+        os.ftruncate(self._lock_fd, 0)
+        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+
+    def prepare(self) -> None:
+        """Everything that can refuse to start, before any request is sent."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self._lock_run_dir()
+        _setup_file_log(self.run_dir / "logs" / "generate.log")
+        keep_copy(self.spec, self.run_dir)
+        self.pin = check_pin(self.spec, self.run_dir)
+        if self.spec.s3 is not None:
+            check_bucket(self.spec.s3)
+        self.store = BatchStore(self.run_dir, self.gen.batch_size, self.pin.prompts_lines)
+        rec = self.store.recover()
+        self.journal = Journal(self.run_dir / "failures.jsonl")
+        self.journal.recover()
+        for i, (ev, _, what) in self.journal.state.last.items():
+            if ev == "requeued":
+                self._requeue_reason[i] = what
+        if self.spec.s3 is not None:
+            self.uploader = Uploader(self.spec.s3, self.run_dir)
+            self.uploader.recover(rec.closed_batches)
+        self._batches_closed = len(rec.closed_batches)
+        progress_raw = None
+        try:
+            progress_raw = (self.run_dir / "progress.json").read_bytes()
+        except FileNotFoundError:
+            pass
+        self.meter = Meter(Totals.from_progress(progress_raw))
+        self.control = ensure_control(self.run_dir, self.gen.concurrency_per_server,
+                                      self.gen.max_tokens)
+        self._applied_rev = 0
+        log.info("recovered %s: %d done, %d failed, open batch %d lines (%d recorded after "
+                 "crash, %d torn bytes cut), next batch %d, %d uploads pending",
+                 self.run_dir, rec.done, self._failed_count(), rec.open_batch_lines,
+                 rec.recorded_after_crash, rec.torn_bytes_cut, rec.next_batch,
+                 self.uploader.pending if self.uploader else 0)
+        urls = self.spec.servers.urls or []
+        cap = self.gen.max_concurrency
+        self.servers = [
+            Server(number=n, url=url, limit=self._limit_for(n),
+                   client=make_client(url, cap, self.gen.connect_timeout_s,
+                                      self.gen.request_timeout_s, self.spec.servers.api_key))
+            for n, url in enumerate(urls)
+        ]
+        self.dispatcher = Dispatcher(self.servers, self.gen.server_failures_to_down,
+                                     probe_interval_s=1.0, probe_timeout_s=30.0)
+
+    def _limit_for(self, server: int) -> int:
+        assert self.control is not None
+        return max(0, min(self.control.concurrency.for_server(server), self.gen.max_concurrency))
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _failed_count(self) -> int:
+        done = self.store.done
+        return sum(1 for i, (ev, _, _) in self.journal.state.last.items()
+                   if ev == "failed" and i not in done)
+
+    def _needs(self, index: int) -> bool:
+        if index in self._inflight:
+            return False
+        last = self.journal.state.last.get(index)
+        if index in self.store.done:
+            return last is not None and last[0] == "requeued" and \
+                self.store.done.attempt(index) < last[1]
+        return last is None or last[0] == "requeued"
+
+    def _attempt_for(self, index: int) -> int:
+        last = self.journal.state.last.get(index)
+        if last is not None and last[0] == "requeued":
+            return last[1]
+        return 1
+
+    # -- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig)
+        self._apply_control(self.control, initial=True)
+        background = [
+            asyncio.create_task(self._writer(), name="writer"),
+            asyncio.create_task(self._progress_loop(), name="progress"),
+            asyncio.create_task(self._control_loop(), name="control"),
+            asyncio.create_task(self.dispatcher.probe_forever(), name="probe"),
+        ]
+        if self.uploader is not None:
+            background.append(asyncio.create_task(self.uploader.run(), name="uploader"))
+        self.status = "paused" if self.dispatcher.paused else "running"
+        try:
+            await self._feed()
+            await self._finish()
+        finally:
+            for t in background:
+                t.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._write_progress()
+            for s in self.servers:
+                await s.client.aclose()
+            self.store.close()
+            self.journal.close()
+            if self.uploader:
+                self.uploader.close()
+        log.info("engine exits with status %s", self.status)
+        return 0 if self.status in ("done", "stopped") else 1
+
+    def request_stop(self, sig: int | None = None) -> None:
+        if not self.stopping:
+            log.info("stop requested (%s): draining", signal.Signals(sig).name if sig else "rpc")
+            self.stopping = True
+            self.status = "draining"
+            asyncio.get_running_loop().create_task(self.dispatcher.close())
+            self._idle.set()
+
+    async def _feed(self) -> None:
+        while not self.stopping:
+            epoch = self._epoch
+            scanned = 0
+            stream = prompt_io.stream(self.spec.prompts_path, self._needs)
+            for index, raw in stream:
+                if self.stopping:
+                    return
+                server = await self.dispatcher.acquire()
+                if server is None:
+                    return
+                try:
+                    prompt = prompt_io.parse_prompt(index, raw)
+                except prompt_io.BadPrompt as exc:
+                    await self.dispatcher.release(server)
+                    await self._journal([failed(index, "bad_input", f"line {index + 1}: {exc}",
+                                                0, None, line=index + 1)])
+                    log.warning("prompts line %d (index %d): bad_input: %s", index + 1, index,
+                                exc)
+                    continue
+                self._inflight.add(index)
+                self._live += 1
+                task = asyncio.create_task(self._request(prompt, server, self._attempt_for(index)))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                scanned += 1
+                if scanned % 256 == 0:
+                    await asyncio.sleep(0)
+            # The pass is over: wait for what is in flight, then see whether retries came in.
+            while self._live and not self.stopping:
+                self._idle.clear()
+                await self._idle.wait()
+            if self._retry_tasks:
+                await asyncio.gather(*self._retry_tasks, return_exceptions=True)
+            if self._epoch == epoch and not self.stopping:
+                await self._write_q.join()
+                if self._epoch == epoch and not self._retry_tasks:
+                    return
+
+    async def _request(self, prompt: prompt_io.Prompt, server: Server | None, attempt: int) -> None:
+        tries = 0
+        try:
+            while server is not None:
+                tries += 1
+                assert self.control is not None
+                max_tokens = self.control.max_tokens
+                payload = build_request(prompt, self.spec.model_name, max_tokens,
+                                        self.gen.sampling, self.gen.chat_template_kwargs)
+                try:
+                    result = await chat(server.client, payload)
+                except RequestFailed as exc:
+                    if exc.server_fault and self.dispatcher.record_failure(
+                        server, exc.message, exc.error == "connect"
+                    ):
+                        log.warning("server %d (%s) set aside: %s", server.number,
+                                    server.url, exc)
+                    await self.dispatcher.release(server)
+                    if not exc.retryable or tries >= self.gen.retries:
+                        server.failed += 1
+                        await self._journal([failed(prompt.index, exc.error, exc.message, tries,
+                                                    server.number, attempt)])
+                        return
+                    self.meter.totals.retried += 1
+                    await asyncio.sleep(min(0.2 * 2 ** (tries - 1), 10.0))
+                    server = await self.dispatcher.acquire(avoid=server.number, retry=True)
+                    continue
+                self.dispatcher.record_success(server)
+                server.completed += 1
+                server.req_rate.add()
+                server.tok_rate.add(result.completion_tokens)
+                server.output_tokens += result.completion_tokens
+                if result.spec_verify_ct:
+                    server.verify_ct += result.spec_verify_ct
+                    server.spec_tokens += result.completion_tokens
+                await self.dispatcher.release(server)
+                line = BatchLine(
+                    index=prompt.index, id=prompt.id, messages=prompt.messages, tools=prompt.tools,
+                    reasoning_content=result.reasoning_content, content=result.content,
+                    tool_calls=result.tool_calls, finish_reason=result.finish_reason,
+                    usage=Usage(result.prompt_tokens, result.completion_tokens,
+                                result.reasoning_tokens),
+                    model=self.spec.model_name, sampling=self.gen.sampling,
+                    chat_template_kwargs=self.gen.chat_template_kwargs, max_tokens=max_tokens,
+                    server=server.number, latency_s=round(result.latency_s, 3),
+                    spec_verify_ct=result.spec_verify_ct, attempt=attempt,
+                )
+                await self._write_q.put((prompt.index, attempt, encoder.encode(line) + b"\n",
+                                         line, self._requeue_reason.get(prompt.index)))
+                return
+        finally:
+            self._inflight.discard(prompt.index)
+            self._live -= 1
+            if self._live == 0:
+                self._idle.set()
+
+    async def _journal(self, events: list[Any]) -> None:
+        await asyncio.to_thread(self.journal.append, events)
+
+    async def _writer(self) -> None:
+        q = self._write_q
+        while True:
+            group = [await q.get()]
+            while len(group) < 1024:
+                try:
+                    group.append(q.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+            closed = await asyncio.to_thread(self.store.write_group,
+                                             [(i, a, raw) for i, a, raw, _, _ in group])
+            t = self.meter.totals
+            for _, attempt, _, line, reason in group:
+                t.input_tokens += line.usage.prompt_tokens
+                t.output_tokens += line.usage.completion_tokens
+                t.reasoning_tokens += line.usage.reasoning_tokens
+                truncated = line.finish_reason == "length"
+                empty = not line.content and not line.tool_calls
+                if attempt > 1 and reason == "truncated":
+                    t.truncated -= 1  # the line it supersedes was truncated
+                t.truncated += truncated
+                t.empty += empty
+                self.meter.rate.add()
+            self._closed(closed)
+            for _ in group:
+                q.task_done()
+
+    def _closed(self, closed: list[ClosedBatch]) -> None:
+        for batch in closed:
+            self._batches_closed += 1
+            log.info("closed %s (%d lines, %d bytes)", batch.path.name, batch.lines, batch.size)
+            if self.uploader is not None:
+                self.uploader.submit(batch.path, batch.sha256)
+
+    async def _finish(self) -> None:
+        """Drain what is in flight, close the open batch, wait for uploads, set the status."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks),
+                                               timeout=self.gen.drain_timeout_s)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        await self._write_q.join()
+        closed = await asyncio.to_thread(self.store.close_open_batch)
+        self._closed([closed] if closed else [])
+        if self.uploader is not None and self.uploader.pending:
+            self.status = "draining"
+            self._write_progress()
+            if not await self.uploader.drain(60.0 if self.stopping else 3600.0):
+                self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
+                                f"({self.uploader.last_error}); a resume uploads them")
+                log.warning(self.message)
+        self.status = "stopped" if self.stopping else "done"
+
+    # -- control ----------------------------------------------------------------------------
+
+    def _apply_control(self, control: Control | None, initial: bool = False) -> None:
+        if control is None or (control.rev <= self._applied_rev and not initial):
+            return
+        self.control = control
+        self._applied_rev = control.rev
+        for s in self.servers:
+            s.limit = self._limit_for(s.number)
+        self.dispatcher.paused = control.paused
+        if not self.stopping:
+            self.status = "paused" if control.paused else "running"
+        self._spawn(self.dispatcher.notify())
+        if not initial:
+            log.info("control rev %d applied: concurrency %s, max_tokens %d, paused %s",
+                     control.rev, control.concurrency, control.max_tokens, control.paused)
+        applied = self.journal.state.retry_applied
+        if control.retry.failed > applied.get("failed", 0):
+            self._spawn_retry(self._retry_failed(control.retry.failed))
+        if control.retry.truncated > applied.get("truncated", 0):
+            self._spawn_retry(self._retry_truncated(control.retry.truncated, control.max_tokens))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    def _spawn_retry(self, coro: Any) -> None:
+        """A retry being prepared keeps the run open until its indices are queued."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._retry_tasks.add(task)
+        task.add_done_callback(self._retry_tasks.discard)
+
+    async def _control_loop(self) -> None:
+        path = self.run_dir / "control.json"
+        while True:
+            await asyncio.sleep(CONTROL_POLL_S)
+            try:
+                mtime = path.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            if mtime == self._control_mtime:
+                continue
+            self._control_mtime = mtime
+            try:
+                self._apply_control(read_control(self.run_dir))
+            except ControlError as exc:
+                log.error("control.json ignored: %s", exc)
+
+    async def _retry_failed(self, rev: int) -> None:
+        indices = self.journal.failed_indices()
+        indices = [i for i in indices if i not in self.store.done]
+        events = [requeued(i, 1, "failed") for i in indices]
+        events.append(retry_applied("failed", rev))
+        await self._journal(events)
+        for i in indices:
+            self._requeue_reason[i] = "failed"
+        log.info("retry failed (rev %d): %d indices requeued", rev, len(indices))
+        self._wake_feeder()
+
+    async def _retry_truncated(self, rev: int, max_tokens: int) -> None:
+        found = await asyncio.to_thread(self._find_truncated, max_tokens)
+        events = [requeued(i, a + 1, "truncated") for i, a in found]
+        events.append(retry_applied("truncated", rev))
+        await self._journal(events)
+        for i, _ in found:
+            self._requeue_reason[i] = "truncated"
+        log.info("retry truncated (rev %d): %d indices requeued at max_tokens %d", rev,
+                 len(found), max_tokens)
+        self._wake_feeder()
+
+    def _find_truncated(self, max_tokens: int) -> list[tuple[int, int]]:
+        """Current lines (highest attempt) that hit a max_tokens below today's."""
+        decoder = msgspec.json.Decoder(_LineFields)
+        done = self.store.done
+        found = []
+        for path in sorted(self.store.folder.glob("completions_*.jsonl*")):
+            with open(path, "rb") as f:
+                for raw in f:
+                    if not raw.endswith(b"\n"):
+                        break  # the writer is mid-line in the open batch
+                    line = decoder.decode(raw)
+                    if (line.finish_reason == "length" and line.max_tokens < max_tokens
+                            and done.attempt(line.index) == line.attempt
+                            and line.index not in self._inflight):
+                        found.append((line.index, line.attempt))
+        return found
+
+    def _wake_feeder(self) -> None:
+        self._epoch += 1
+        self._idle.set()
+
+    # -- progress ---------------------------------------------------------------------------
+
+    def snapshot(self) -> Progress:
+        t = self.meter.totals
+        completed = len(self.store.done)
+        failed_n = self._failed_count()
+        total = self.pin.prompts_lines
+        up = self.uploader
+        servers = dict(
+            server_progress(s.number, s.url, s.state, s.in_flight, s.limit, s.completed, s.failed,
+                            s.req_rate.rate, s.tok_rate.rate, s.accept_length, s.errors_in_row,
+                            s.last_error)
+            for s in self.servers
+        )
+        assert self.control is not None
+        return Progress(
+            total=total, completed=completed, failed=failed_n,
+            rate_per_sec=round(self.meter.rate.rate, 3),
+            eta_hours=self.meter.eta_hours(total - completed - failed_n),
+            total_input_tokens=t.input_tokens, total_output_tokens=t.output_tokens,
+            avg_output_tokens=round(t.output_tokens / completed, 1) if completed else 0.0,
+            elapsed_hours=round((time.time() - self.meter.started_at) / 3600, 4),
+            s3_uploaded=len(up.uploaded) if up else 0, s3_bytes=up.bytes if up else 0,
+            status=self.status,  # type: ignore[arg-type]
+            truncated=t.truncated, empty=t.empty, max_tokens=self.control.max_tokens,
+            concurrency=self.control.concurrency.default,
+            in_flight=sum(s.in_flight for s in self.servers), retried=t.retried,
+            s3_pending=up.pending if up else 0, control_rev=self._applied_rev,
+            updated_at=time.time(), servers=servers, run=self.spec.run.name, pid=os.getpid(),
+            started_at=self.meter.started_at, total_reasoning_tokens=t.reasoning_tokens,
+            bad_input=self.journal.state.bad_input, paused=self.dispatcher.paused,
+            s3_error=up.last_error if up else None, batches_closed=self._batches_closed,
+            message=self.message,
+        )
+
+    def _write_progress(self) -> None:
+        snap = encoder.encode(self.snapshot())
+        atomic_write(self.run_dir / "progress.json", snap, durable=False)
+        now = time.monotonic()
+        if now - self._last_history >= HISTORY_INTERVAL_S:
+            self._last_history = now
+            with open(self.run_dir / "history.jsonl", "ab") as f:
+                f.write(snap + b"\n")
+
+    async def _progress_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            self.meter.rate.tick(now)
+            for s in self.servers:
+                s.req_rate.tick(now)
+                s.tok_rate.tick(now)
+            self._write_progress()
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
+
+
+def _setup_file_log(path: Path) -> None:
+    root = logging.getLogger("fleetdeck")
+    if any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path)
+           for h in root.handlers):
+        return
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def run_engine(spec: RunSpec) -> int:
+    engine = Engine(spec)
+    engine.prepare()
+    return asyncio.run(engine.run())

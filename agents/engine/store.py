@@ -1,0 +1,226 @@
+"""The batch store: completion lines on disk, crash-safe by group commit.
+
+A group of lines is written to the open `.partial` batch and fsynced, then their indices are
+appended to `.done_indices` and fsynced. A full batch is renamed to `.jsonl` and the folder
+fsynced. Recovery reads `.done_indices` and the open `.partial` only, never closed batches.
+All methods block (fsync): the engine calls them from one worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from agents.atomic import cut_torn_tail, fsync_dir
+from agents.crashpoint import crash_point
+from agents.engine.doneset import DoneSet
+from agents.schema import line_key_decoder
+
+BATCH_RE = re.compile(r"^completions_(\d{6,})\.jsonl(\.partial)?$")
+
+
+def batch_name(number: int) -> str:
+    return f"completions_{number:06d}.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedBatch:
+    path: Path
+    size: int
+    sha256: str
+    lines: int
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What recovery found and mended, for the log and for progress."""
+
+    done: int = 0
+    open_batch_lines: int = 0
+    torn_bytes_cut: int = 0
+    recorded_after_crash: int = 0
+    next_batch: int = 0
+    closed_batches: list[Path] = field(default_factory=list)
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class BatchStore:
+    def __init__(self, run_dir: Path, batch_size: int, total: int) -> None:
+        self.folder = run_dir / "completions"
+        self.batch_size = batch_size
+        self.done = DoneSet(total)
+        self._number = 0
+        self._partial: Path | None = None
+        self._fd = -1
+        self._lines = 0
+        self._size = 0
+        self._hash = hashlib.sha256()
+        self._done_fd = -1
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    def recover(self) -> Recovery:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        rec = Recovery()
+        done_path = self.folder / ".done_indices"
+        rec.torn_bytes_cut += cut_torn_tail(done_path)
+        if done_path.exists():
+            with open(done_path, "rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    parts = raw.split()
+                    if not parts:
+                        continue
+                    try:
+                        index = int(parts[0])
+                        attempt = int(parts[1]) if len(parts) > 1 else 1
+                        self.done.add(index, attempt)
+                    except (ValueError, IndexError) as exc:
+                        raise StoreError(
+                            f"{done_path}:{lineno}: not an index: {raw!r} ({exc})"
+                        ) from None
+        partials: list[tuple[int, Path]] = []
+        highest = -1
+        for entry in os.scandir(self.folder):
+            m = BATCH_RE.match(entry.name)
+            if not m:
+                continue
+            number = int(m.group(1))
+            highest = max(highest, number)
+            if m.group(2):
+                partials.append((number, Path(entry.path)))
+            else:
+                rec.closed_batches.append(Path(entry.path))
+        rec.closed_batches.sort()
+        if len(partials) > 1:
+            names = ", ".join(str(p) for _, p in sorted(partials))
+            raise StoreError(f"more than one open batch in {self.folder}: {names}")
+        self._done_fd = os.open(done_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if partials:
+            number, path = partials[0]
+            rec.torn_bytes_cut += cut_torn_tail(path)
+            unrecorded: list[tuple[int, int]] = []
+            with open(path, "rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    try:
+                        key = line_key_decoder.decode(raw)
+                    except msgspec.DecodeError as exc:
+                        raise StoreError(f"{path}:{lineno}: unreadable batch line: {exc}") from None
+                    if not self.done.has(key.index, key.attempt):
+                        unrecorded.append((key.index, key.attempt))
+                    self._hash.update(raw)
+                    self._size += len(raw)
+                    self._lines += 1
+            if unrecorded:
+                self._record(unrecorded)
+                rec.recorded_after_crash = len(unrecorded)
+            self._number = number
+            self._open(path)
+            if self._lines >= self.batch_size:
+                # Crashed between the last group of a full batch and its close.
+                rec.closed_batches.append(self.close_batch().path)
+        else:
+            self._number = highest + 1
+        rec.done = len(self.done)
+        rec.open_batch_lines = self._lines
+        rec.next_batch = self._number
+        return rec
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _open(self, path: Path) -> None:
+        self._partial = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _ensure_open(self) -> None:
+        if self._fd < 0:
+            self._open(self.folder / (batch_name(self._number) + ".partial"))
+            self._lines = 0
+            self._size = 0
+            self._hash = hashlib.sha256()
+
+    def _record(self, keys: list[tuple[int, int]]) -> None:
+        buf = "".join(f"{i}\n" if a <= 1 else f"{i} {a}\n" for i, a in keys).encode()
+        os.write(self._done_fd, buf)
+        os.fsync(self._done_fd)
+        for index, attempt in keys:
+            self.done.add(index, attempt)
+
+    def write_group(self, lines: list[tuple[int, int, bytes]]) -> list[ClosedBatch]:
+        """Durably store (index, attempt, encoded line) items; returns batches it closed."""
+        closed: list[ClosedBatch] = []
+        pos = 0
+        while pos < len(lines):
+            self._ensure_open()
+            room = self.batch_size - self._lines
+            piece = lines[pos : pos + room]
+            pos += len(piece)
+            data = b"".join(raw for _, _, raw in piece)
+            view = memoryview(data)
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            crash_point("lines_written")
+            os.fsync(self._fd)
+            crash_point("lines_fsynced")
+            self._hash.update(data)
+            self._size += len(data)
+            self._lines += len(piece)
+            self._record([(i, a) for i, a, _ in piece])
+            if self._lines >= self.batch_size:
+                closed.append(self.close_batch())
+        return closed
+
+    def close_batch(self) -> ClosedBatch:
+        """Close the open batch (also a short one, at stop or at the end)."""
+        if self._fd < 0 or self._partial is None:
+            raise StoreError("no open batch to close")
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        final = self._partial.with_suffix("")  # drop ".partial"
+        os.replace(self._partial, final)
+        crash_point("batch_close")
+        fsync_dir(self.folder)
+        batch = ClosedBatch(final, self._size, self._hash.hexdigest(), self._lines)
+        self._partial = None
+        self._number += 1
+        self._lines = 0
+        self._size = 0
+        self._hash = hashlib.sha256()
+        return batch
+
+    def close_open_batch(self) -> ClosedBatch | None:
+        """At stop or end: close a non-empty open batch; drop an empty one."""
+        if self._fd < 0 or self._partial is None:
+            return None
+        if self._lines == 0:
+            os.close(self._fd)
+            self._fd = -1
+            os.unlink(self._partial)
+            self._partial = None
+            return None
+        return self.close_batch()
+
+    @property
+    def open_lines(self) -> int:
+        return self._lines
+
+    @property
+    def next_number(self) -> int:
+        return self._number
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._done_fd >= 0:
+            os.close(self._done_fd)
+            self._done_fd = -1

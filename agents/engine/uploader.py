@@ -1,0 +1,179 @@
+"""S3 upload of closed batches: boto3 in a thread, confirmed by HEAD, recorded in uploads.jsonl.
+
+A closed batch that is not in uploads.jsonl is pending by definition, so a restart re-uploads
+exactly those. While S3 is down, batches wait and generation goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.atomic import cut_torn_tail
+from agents.crashpoint import crash_point
+from agents.runspec import S3Section
+from agents.schema import UploadRecord, encoder, upload_decoder
+
+log = logging.getLogger("fleetdeck.engine.s3")
+
+
+class S3Unavailable(RuntimeError):
+    pass
+
+
+def make_s3_client(spec: S3Section, timeout_s: float = 30.0) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.session.Session(profile_name=spec.profile or None)
+    return session.client(
+        "s3",
+        endpoint_url=spec.endpoint_url,
+        region_name=spec.region or session.region_name or "us-east-1",
+        config=Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5,
+                      read_timeout=timeout_s),
+    )
+
+
+def check_bucket(spec: S3Section) -> None:
+    """At start: fail before any request when the bucket cannot be reached."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        make_s3_client(spec, timeout_s=10).head_bucket(Bucket=spec.bucket)
+    except (BotoCoreError, ClientError) as exc:
+        where = spec.endpoint_url or "AWS"
+        raise S3Unavailable(f"[s3] bucket {spec.bucket!r} at {where}: {exc}") from None
+
+
+def file_digests(path: Path) -> tuple[str, str, int]:
+    sha = hashlib.sha256()
+    md5 = hashlib.md5()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            sha.update(chunk)
+            md5.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), md5.hexdigest(), size
+
+
+@dataclass(slots=True)
+class Pending:
+    path: Path
+    sha256: str | None = None
+
+
+class Uploader:
+    def __init__(self, spec: S3Section, run_dir: Path) -> None:
+        self.spec = spec
+        self.log_path = run_dir / "uploads.jsonl"
+        self.uploaded: dict[str, UploadRecord] = {}
+        self.bytes = 0
+        self.last_error: str | None = None
+        self._queue: asyncio.Queue[Pending] = asyncio.Queue()
+        self._pending = 0
+        self._client: Any = None
+        self._fd = -1
+
+    def recover(self, closed: list[Path]) -> int:
+        """Read uploads.jsonl; queue every closed batch not confirmed there."""
+        cut_torn_tail(self.log_path)
+        if self.log_path.exists():
+            with open(self.log_path, "rb") as f:
+                for lineno, raw in enumerate(f, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        rec = upload_decoder.decode(raw)
+                    except msgspec.DecodeError as exc:
+                        raise ValueError(f"{self.log_path}:{lineno}: unreadable: {exc}") from None
+                    self.uploaded[rec.batch] = rec
+        self.bytes = sum(r.size for r in self.uploaded.values())
+        self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        count = 0
+        for path in closed:
+            if path.name not in self.uploaded:
+                self.submit(path)
+                count += 1
+        return count
+
+    def submit(self, path: Path, sha256: str | None = None) -> None:
+        self._pending += 1
+        self._queue.put_nowait(Pending(path, sha256))
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def key_for(self, path: Path) -> str:
+        return f"{self.spec.prefix}{path.name}"
+
+    def _upload(self, item: Pending) -> UploadRecord:
+        if self._client is None:
+            self._client = make_s3_client(self.spec)
+        sha256, md5, size = file_digests(item.path)
+        if item.sha256 and item.sha256 != sha256:
+            raise RuntimeError(f"{item.path} changed since it was closed (sha256 differs)")
+        key = self.key_for(item.path)
+        with open(item.path, "rb") as f:
+            self._client.put_object(
+                Bucket=self.spec.bucket, Key=key, Body=f,
+                ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
+                ContentType="application/x-ndjson",
+            )
+        crash_point("upload")
+        head = self._client.head_object(Bucket=self.spec.bucket, Key=key)
+        etag = str(head.get("ETag", "")).strip('"')
+        if head.get("ContentLength") != size or etag != md5:
+            raise RuntimeError(f"s3://{self.spec.bucket}/{key}: HEAD says size "
+                               f"{head.get('ContentLength')} etag {etag}, expected {size} {md5}")
+        rec = UploadRecord(batch=item.path.name, size=size, sha256=sha256, key=key, etag=etag,
+                           bucket=self.spec.bucket, uploaded_at=time.time())
+        os.write(self._fd, encoder.encode(rec) + b"\n")
+        os.fsync(self._fd)
+        return rec
+
+    async def run(self) -> None:
+        """Upload forever, one batch at a time, retrying with backoff while S3 is down."""
+        while True:
+            item = await self._queue.get()
+            delay = 1.0
+            while True:
+                try:
+                    rec = await asyncio.to_thread(self._upload, item)
+                except Exception as exc:
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                    log.warning("upload of %s failed, retrying in %.0f s: %s",
+                                item.path.name, delay, self.last_error)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+                    continue
+                self.uploaded[rec.batch] = rec
+                self.bytes += rec.size
+                self.last_error = None
+                self._pending -= 1
+                log.info("uploaded %s (%d bytes) to s3://%s/%s", rec.batch, rec.size,
+                         rec.bucket, rec.key)
+                break
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until nothing is pending, up to timeout; True when all are uploaded."""
+        deadline = time.monotonic() + timeout
+        while self._pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return self._pending == 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,315 @@
+"""run.toml: the run spec, validated at load with errors that name the file and the key."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+
+class SpecError(ValueError):
+    """A run spec that cannot be used; the message names the file, the key and the reason."""
+
+
+class RunSection(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    kind: Literal["generate", "train"] = "generate"
+    dir: str | None = None
+
+
+class ServersSection(msgspec.Struct, forbid_unknown_fields=True):
+    urls: list[str] | None = None
+    gpus: list[int] | None = None
+    base_port: int = 30000
+    model: str | None = None
+    command: str | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    startup_timeout_s: float = 1800.0
+    api_key: str | None = None
+    # Above SGLang's own 20 s health generation timeout: a busy server is slow, not dead.
+    health_timeout_s: float = 30.0
+    health_interval_s: float = 2.0
+    # Failed health checks in a row before a live process is called down.
+    health_failures_to_down: int = 3
+    # A server down this long while its process lives (hung) is killed and restarted.
+    hung_restart_s: float = 300.0
+    restart_backoff_s: float = 5.0
+    max_restarts: int = 10
+
+
+class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
+    prompts: str
+    model: str | None = None
+    max_tokens: int = 4096
+    concurrency_per_server: int = 40
+    batch_size: int = 500
+    retries: int = 3
+    request_timeout_s: float = 3600.0
+    connect_timeout_s: float = 10.0
+    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    # A server is set aside after this many failures in a row, and probed until it answers.
+    server_failures_to_down: int = 3
+    drain_timeout_s: float = 300.0
+    max_concurrency: int = 1024
+
+
+class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
+    """Alert thresholds; rates are judged over the last `window_s` seconds."""
+
+    window_s: float = 300.0
+    stall_minutes: float = 10.0
+    failure_rate: float = 0.05
+    truncation_rate: float = 0.10
+    empty_rate: float = 0.05
+    accept_drop: float = 0.7
+    disk_hours: float = 6.0
+    min_samples: int = 20
+
+
+class S3Section(msgspec.Struct, forbid_unknown_fields=True):
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    profile: str | None = None
+    region: str | None = None
+
+
+class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
+    """[train]: a DFlash drafter trained on completion batches (see docs/trainer.md).
+
+    `data`, `target` and `tokenizer` are relative to the spec's folder; `prepared` and `output`
+    to the run directory.
+    """
+
+    # Completion batches: a local folder or s3://bucket/prefix (read through boto3).
+    data: str
+    # The target model, a Hugging Face folder; its tokenizer unless `tokenizer` is set.
+    target: str
+    tokenizer: str | None = None
+    endpoint_url: str | None = None
+    prepared: str = "prepared"
+    output: str = "checkpoints"
+    # Data preparation: which assistant turns carry loss, and the quality gate.
+    supervise: Literal["final", "all"] = "final"
+    keep_truncated: bool = False
+    max_length: int = 3072
+    max_under_min_share: float = 0.2
+    heldout_share: float = 0.01
+    # The drafter.
+    block_size: int = 16
+    drafter_layers: int = 5
+    target_features: int = 5
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None
+    # Optimisation (the DFlash paper's recipe by default).
+    epochs: int = 6
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    batch_size: int = 4
+    grad_accum: int = 1
+    anchors: int = 512
+    gamma: float | None = None
+    clip: float = 1.0
+    weight_decay: float = 0.0
+    max_steps: int | None = None
+    save_every: int = 1000
+    eval_samples: int = 256
+    keep_last: int = 2
+    seed: int = 0
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    nproc: int = 1
+    # Evaluation by real speculative decoding.
+    eval_prompts: int = 64
+    eval_max_new_tokens: int = 256
+
+
+class RunSpec(msgspec.Struct, forbid_unknown_fields=True):
+    run: RunSection
+    servers: ServersSection = msgspec.field(default_factory=ServersSection)
+    generate: GenerateSection | None = None
+    s3: S3Section | None = None
+    alerts: AlertsSection = msgspec.field(default_factory=AlertsSection)
+    train: TrainSection | None = None
+    # Where the file was read from; relative paths in it are relative to its folder.
+    source: str = ""
+
+    # Folder that relative paths are relative to (the original run.toml's, also for the copy
+    # kept in RUN_DIR).
+    base: str = ""
+
+    @property
+    def base_dir(self) -> Path:
+        if self.base:
+            return Path(self.base)
+        return Path(self.source).resolve().parent if self.source else Path.cwd()
+
+    @property
+    def run_dir(self) -> Path:
+        if self.run.dir:
+            path = Path(self.run.dir)
+            return path if path.is_absolute() else self.base_dir / path
+        return self.base_dir
+
+    @property
+    def prompts_path(self) -> Path:
+        assert self.generate is not None
+        path = Path(self.generate.prompts)
+        return path if path.is_absolute() else self.base_dir / path
+
+    @property
+    def model_name(self) -> str:
+        assert self.generate is not None
+        return self.generate.model or self.servers.model or "default"
+
+
+def _where(msg: str) -> str:
+    """msgspec says `$.generate.max_tokens`; people read `[generate] max_tokens`."""
+
+    def repl(m: re.Match[str]) -> str:
+        parts = [p for p in m.group(1).split(".") if p]
+        if not parts:
+            return "the top level"
+        if len(parts) == 1:
+            return f"[{parts[0]}]"
+        return f"[{parts[0]}] {'.'.join(parts[1:])}"
+
+    return re.sub(r"`\$((?:\.[\w\[\]]+)*)`", repl, msg)
+
+
+def _check(spec: RunSpec, path: Path) -> None:
+    def fail(key: str, reason: str) -> None:
+        raise SpecError(f"{path}: {key}: {reason}")
+
+    if spec.run.kind == "generate":
+        gen = spec.generate
+        if gen is None:
+            fail("[generate]", "missing (required for kind = \"generate\")")
+            return
+        if not spec.servers.urls and not spec.servers.gpus:
+            fail("[servers]", "set either urls (servers started elsewhere) or gpus")
+        if spec.servers.urls and spec.servers.gpus:
+            fail("[servers]", "set urls or gpus, not both")
+        if spec.servers.gpus and not spec.servers.command:
+            fail("[servers] command", "required with gpus (a template with {model} {port} {gpu})")
+        for i, url in enumerate(spec.servers.urls or []):
+            if not re.match(r"^https?://[^/\s]+", url):
+                fail(f"[servers] urls[{i}]", f"{url!r} is not an http(s) URL")
+        positive = {
+            "max_tokens": gen.max_tokens,
+            "concurrency_per_server": gen.concurrency_per_server,
+            "batch_size": gen.batch_size,
+            "retries": gen.retries,
+            "server_failures_to_down": gen.server_failures_to_down,
+            "max_concurrency": gen.max_concurrency,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                fail(f"[generate] {key}", f"must be at least 1, got {value}")
+        if gen.concurrency_per_server > gen.max_concurrency:
+            fail("[generate] concurrency_per_server",
+                 f"above max_concurrency {gen.max_concurrency}")
+        for key, t in (("request_timeout_s", gen.request_timeout_s),
+                       ("connect_timeout_s", gen.connect_timeout_s)):
+            if t <= 0:
+                fail(f"[generate] {key}", f"must be positive, got {t}")
+        prompts = spec.prompts_path
+        if not prompts.is_file():
+            fail("[generate] prompts", f"no such file: {prompts}")
+    if spec.run.kind == "train":
+        if spec.train is None:
+            fail("[train]", "missing (required for kind = \"train\")")
+            return
+        _check_train(spec.train, fail)
+    if spec.s3 is not None and not spec.s3.bucket:
+        fail("[s3] bucket", "must not be empty")
+
+
+def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
+    at_least_one = {
+        "max_length": train.max_length,
+        "drafter_layers": train.drafter_layers,
+        "target_features": train.target_features,
+        "epochs": train.epochs,
+        "batch_size": train.batch_size,
+        "grad_accum": train.grad_accum,
+        "anchors": train.anchors,
+        "save_every": train.save_every,
+        "eval_samples": train.eval_samples,
+        "keep_last": train.keep_last,
+        "nproc": train.nproc,
+        "eval_prompts": train.eval_prompts,
+        "eval_max_new_tokens": train.eval_max_new_tokens,
+    }
+    for key, value in at_least_one.items():
+        if value < 1:
+            fail(f"[train] {key}", f"must be at least 1, got {value}")
+    if train.block_size < 2:
+        fail("[train] block_size",
+             f"must be at least 2 (an anchor and a mask), got {train.block_size}")
+    if train.max_steps is not None and train.max_steps < 1:
+        fail("[train] max_steps", f"must be at least 1, got {train.max_steps}")
+    for key, share in (("max_under_min_share", train.max_under_min_share),
+                       ("heldout_share", train.heldout_share),
+                       ("warmup_ratio", train.warmup_ratio)):
+        if not 0.0 <= share <= 1.0:
+            fail(f"[train] {key}", f"must be between 0 and 1, got {share}")
+    for key, positive in (("lr", train.lr), ("clip", train.clip)):
+        if positive <= 0:
+            fail(f"[train] {key}", f"must be positive, got {positive}")
+    if train.gamma is not None and train.gamma <= 0:
+        fail("[train] gamma", f"must be positive, got {train.gamma}")
+    if train.mask_token_id is not None and train.mask_token_id < 0:
+        fail("[train] mask_token_id", f"must not be negative, got {train.mask_token_id}")
+    ids = train.target_layer_ids
+    if ids is not None:
+        if not ids:
+            fail("[train] target_layer_ids", "must not be empty")
+        if any(i < 0 for i in ids) or sorted(set(ids)) != ids:
+            fail("[train] target_layer_ids", f"must be distinct, increasing and >= 0, got {ids}")
+    if train.data.startswith("s3://") and not re.match(r"^s3://[^/]+", train.data):
+        fail("[train] data", f"{train.data!r} names no bucket (s3://bucket/prefix)")
+
+
+def load_run_spec(run_dir: Path) -> RunSpec:
+    """The spec a run was launched with: RUN_DIR/run.toml, relative paths resolved against the
+    folder of the original file (recorded in RUN_DIR/run.base)."""
+    base_file = run_dir / "run.base"
+    base = base_file.read_text().strip() if base_file.exists() else None
+    return load_spec(run_dir / "run.toml", base_dir=Path(base) if base else None)
+
+
+def keep_copy(spec: RunSpec, run_dir: Path) -> None:
+    """Keep the spec as launched in RUN_DIR (and where its relative paths start)."""
+    import shutil
+
+    copy = run_dir / "run.toml"
+    if Path(spec.source).resolve() != copy.resolve():
+        shutil.copyfile(spec.source, copy)
+        (run_dir / "run.base").write_text(str(spec.base_dir) + "\n")
+
+
+def load_spec(path: str | Path, base_dir: Path | None = None) -> RunSpec:
+    """Read and validate a run.toml; raise SpecError naming file, key and reason."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{path}: not valid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: cannot read: {exc}") from None
+    try:
+        spec = msgspec.convert(raw, RunSpec)
+    except msgspec.ValidationError as exc:
+        raise SpecError(f"{path}: {_where(str(exc))}") from None
+    spec.source = str(path.resolve())
+    if base_dir is not None:
+        spec.base = str(base_dir)
+    _check(spec, path)
+    return spec

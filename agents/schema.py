@@ -1,0 +1,309 @@
+"""Every file format and message of a run, defined once (msgspec Structs, versioned).
+
+The console imports this module; it must stay free of I/O and of heavy imports.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+RunStatus = Literal["starting", "running", "paused", "draining", "done", "failed", "stopped"]
+ServerState = Literal["starting", "healthy", "degraded", "down", "restarting"]
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "content_filter", "function_call"]
+
+
+class Usage(msgspec.Struct, omit_defaults=False):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class BatchLine(msgspec.Struct, omit_defaults=False):
+    """One completion in a batch file. Readers take the highest `attempt` per index."""
+
+    index: int
+    messages: list[dict[str, Any]]
+    finish_reason: str
+    usage: Usage
+    v: int = SCHEMA_VERSION
+    id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    model: str | None = None
+    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    max_tokens: int = 0
+    server: int | None = None
+    latency_s: float | None = None
+    spec_verify_ct: int | None = None
+    attempt: int = 1
+
+
+class LineKey(msgspec.Struct):
+    """The two fields recovery needs from a batch line, decoded without the rest."""
+
+    index: int
+    attempt: int = 1
+
+
+class FailureEvent(msgspec.Struct, omit_defaults=True):
+    """A line of failures.jsonl, the engine's journal of everything that is not a completion.
+
+    event "failed": an index gave up after its attempts; "requeued": an index is to be generated
+    again (retry failed / truncated) at generation `attempt`; "retry": a retry request applied.
+    An index's state in this file is its last event.
+    """
+
+    event: Literal["failed", "requeued", "retry"]
+    time: float
+    index: int | None = None
+    error: str | None = None
+    message: str | None = None
+    attempts: int | None = None
+    server: int | None = None
+    attempt: int | None = None
+    line: int | None = None
+    what: str | None = None
+    rev: int | None = None
+
+
+class UploadRecord(msgspec.Struct):
+    """A line of uploads.jsonl: one closed batch, confirmed in S3 by a HEAD."""
+
+    batch: str
+    size: int
+    sha256: str
+    key: str
+    etag: str
+    bucket: str
+    uploaded_at: float
+
+
+class Concurrency(msgspec.Struct):
+    default: int
+    servers: dict[str, int] = msgspec.field(default_factory=dict)
+
+    def for_server(self, server: int) -> int:
+        return self.servers.get(str(server), self.default)
+
+
+class RetryRequests(msgspec.Struct):
+    """Monotonic request counters: the engine applies each increase once."""
+
+    failed: int = 0
+    truncated: int = 0
+
+
+class Control(msgspec.Struct, forbid_unknown_fields=True):
+    """control.json: the desired live settings, written under the control lock, rev increasing."""
+
+    rev: int
+    concurrency: Concurrency
+    max_tokens: int
+    paused: bool = False
+    retry: RetryRequests = msgspec.field(default_factory=RetryRequests)
+
+
+class ServerProgress(msgspec.Struct):
+    url: str
+    state: ServerState
+    in_flight: int
+    limit: int
+    completed: int
+    failed: int
+    req_per_s: float
+    tok_per_s: float
+    accept_length: float | None
+    errors_in_row: int = 0
+    last_error: str | None = None
+
+
+class Progress(msgspec.Struct):
+    """progress.json: the engine's heartbeat. Keys of the reference run, then ours."""
+
+    total: int
+    completed: int
+    failed: int
+    rate_per_sec: float
+    eta_hours: float | None
+    total_input_tokens: int
+    total_output_tokens: int
+    avg_output_tokens: float
+    elapsed_hours: float
+    s3_uploaded: int
+    s3_bytes: int
+    status: RunStatus
+    truncated: int
+    empty: int
+    max_tokens: int
+    concurrency: int
+    in_flight: int
+    retried: int
+    s3_pending: int
+    control_rev: int
+    updated_at: float
+    servers: dict[str, ServerProgress]
+    v: int = SCHEMA_VERSION
+    kind: Literal["generate"] = "generate"
+    run: str = ""
+    pid: int | None = None
+    started_at: float | None = None
+    total_reasoning_tokens: int = 0
+    bad_input: int = 0
+    paused: bool = False
+    s3_error: str | None = None
+    batches_closed: int = 0
+    message: str | None = None
+
+
+class RunPin(msgspec.Struct):
+    """run.pin.json: what the indices mean. A resume against anything else is refused."""
+
+    prompts_path: str
+    prompts_sha256: str
+    prompts_lines: int
+    prompts_size: int
+    prompts_mtime_ns: int
+    model: str
+    sampling: dict[str, Any]
+    chat_template_kwargs: dict[str, Any]
+    created_at: float
+
+
+class TrainProgress(msgspec.Struct):
+    """progress.json of a training run (kind = "train"): the trainer's heartbeat, atomic.
+
+    `accuracy[k-1]` is the held-in accuracy at block position k (1..block_size-1) over the
+    recent steps; `accept_length` estimates DFlash's tau as 1 + the leading correct positions
+    per block, averaged. `heldout_accept_length` is the same on held-out data, measured at
+    each checkpoint; the best checkpoint is the one where it was highest.
+    """
+
+    step: int
+    total_steps: int
+    epoch: int
+    loss: float | None
+    accuracy: list[float]
+    accept_length: float | None
+    tokens_per_s: float
+    lr: float
+    eta_hours: float | None
+    last_checkpoint: str | None
+    best_checkpoint: str | None
+    status: RunStatus
+    updated_at: float
+    v: int = SCHEMA_VERSION
+    kind: Literal["train"] = "train"
+    run: str = ""
+    pid: int | None = None
+    started_at: float | None = None
+    elapsed_hours: float = 0.0
+    epochs: int = 0
+    steps_per_s: float = 0.0
+    world_size: int = 1
+    heldout_accept_length: float | None = None
+    best_accept_length: float | None = None
+    message: str | None = None
+
+
+encoder = msgspec.json.Encoder()
+line_key_decoder = msgspec.json.Decoder(LineKey)
+batch_line_decoder = msgspec.json.Decoder(BatchLine)
+failure_decoder = msgspec.json.Decoder(FailureEvent)
+upload_decoder = msgspec.json.Decoder(UploadRecord)
+progress_decoder = msgspec.json.Decoder(Progress)
+control_decoder = msgspec.json.Decoder(Control)
+pin_decoder = msgspec.json.Decoder(RunPin)
+train_progress_decoder = msgspec.json.Decoder(TrainProgress)
+
+
+# -- the status snapshot: what an agent tells a console (one schema for RPC and --json) --------
+
+AlertSeverity = Literal["warning", "critical"]
+
+
+class Alert(msgspec.Struct):
+    code: str
+    severity: AlertSeverity
+    message: str
+    since: float
+    server: int | None = None
+
+
+class GpuStats(msgspec.Struct):
+    """NVML figures; every field None when NVML is absent (never zeros)."""
+
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_total_mib: float | None = None
+    temp_c: float | None = None
+    power_w: float | None = None
+
+
+class ServerStatus(msgspec.Struct):
+    number: int
+    url: str
+    state: ServerState
+    gpu: int | None = None
+    port: int | None = None
+    pid: int | None = None
+    restarts: int = 0
+    started_at: float | None = None
+    in_flight: int = 0
+    limit: int = 0
+    completed: int = 0
+    failed: int = 0
+    req_per_s: float = 0.0
+    tok_per_s: float = 0.0
+    running_reqs: int | None = None
+    queued_reqs: int | None = None
+    gen_throughput: float | None = None
+    token_usage: float | None = None
+    effective_max_running: int | None = None
+    accept_length: float | None = None  # the engine's, from per-request spec details
+    accept_length_cum: float | None = None  # /server_info avg_spec_accept_length
+    accept_length_window: float | None = None  # /metrics sglang:spec_accept_length
+    accept_length_log: float | None = None  # the decode log line, a fallback
+    last_error: str | None = None
+    health_checked_at: float | None = None
+    metrics_at: float | None = None
+    gpu_stats: GpuStats | None = None
+
+
+class DiskStatus(msgspec.Struct):
+    path: str
+    free_bytes: int
+    total_bytes: int
+    hours_to_full: float | None = None
+
+
+class Snapshot(msgspec.Struct):
+    """The status snapshot, typed and versioned: numbers are numbers, units in names, None
+    for unknown. `source` says whether a live supervisor made it or the run directory alone."""
+
+    kind: Literal["generate", "train"]
+    run: str
+    run_dir: str
+    host: str
+    status: str
+    updated_at: float
+    source: Literal["supervisor", "disk"]
+    v: int = SCHEMA_VERSION
+    agent_version: str = ""
+    supervisor_pid: int | None = None
+    progress: Progress | None = None
+    progress_age_s: float | None = None
+    train: dict[str, Any] | None = None
+    servers: list[ServerStatus] = msgspec.field(default_factory=list)
+    alerts: list[Alert] = msgspec.field(default_factory=list)
+    disk: DiskStatus | None = None
+    message: str | None = None
+
+
+snapshot_decoder = msgspec.json.Decoder(Snapshot)

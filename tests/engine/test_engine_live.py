@@ -1,0 +1,137 @@
+"""Live control, S3 outages and retries while the engine runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.engine.runs import read_run, start_engine, wait_progress, write_prompts, write_spec
+from tests.servers.ports import wait_until
+from tests.servers.s3 import S3Server
+
+
+def agent(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True,
+                          text=True, timeout=30)
+
+
+def sim_state(url: str) -> dict:
+    return httpx.get(f"{url}/sim/state", timeout=5).json()
+
+
+def test_resize_max_tokens_and_pause_while_running(tmp_path: Path, sims) -> None:
+    sim = sims("--time-scale", "0.5", "--max-running-requests", "64")
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 3000)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], concurrency_per_server=4,
+                      max_tokens=128)
+    engine = start_engine(spec)
+    run_dir = engine.run_dir
+    try:
+        wait_until(lambda: sim_state(sim.url)["in_flight"] == 4, 30, "4 in flight")
+        assert agent("resize", str(run_dir), "20").returncode == 0
+        wait_progress(engine, lambda p: p["control_rev"] == 2 and p["concurrency"] == 20, 2.5,
+                      "resize applied within 2 s")
+        wait_until(lambda: sim_state(sim.url)["in_flight"] == 20, 10, "20 in flight at the sim")
+        assert agent("max-tokens", str(run_dir), "512").returncode == 0
+        wait_progress(engine, lambda p: p["max_tokens"] == 512, 2.5, "max tokens applied")
+        wait_until(lambda: sim_state(sim.url)["max_tokens_counts"].get("512", 0) > 0, 10,
+                   "requests with max_tokens 512")
+        assert agent("resize", str(run_dir), "2").returncode == 0
+        # Lowering lets in-flight requests finish: the count drains down to the new limit.
+        wait_until(lambda: sim_state(sim.url)["in_flight"] <= 2, 30, "drained to 2")
+        assert agent("pause", str(run_dir)).returncode == 0
+        wait_progress(engine, lambda p: p["status"] == "paused" and p["in_flight"] == 0, 30,
+                      "paused and drained")
+        received = sim_state(sim.url)["requests_total"]
+        assert sim_state(sim.url)["requests_total"] == received
+        assert agent("unpause", str(run_dir)).returncode == 0
+        wait_until(lambda: sim_state(sim.url)["requests_total"] > received, 10, "sending again")
+        assert agent("resize", str(run_dir), "--server", "0", "6").returncode == 0
+        wait_progress(engine, lambda p: p["servers"]["0"]["limit"] == 6, 2.5, "per-server limit")
+    finally:
+        engine.proc.terminate()
+        engine.wait(60)
+    log = [json.loads(x) for x in (run_dir / "control.log.jsonl").read_text().splitlines()]
+    assert [e["method"] for e in log] == ["resize", "max_tokens", "resize", "pause", "unpause",
+                                          "resize"]
+    assert all(e["who"] for e in log)
+    assert sim_state(sim.url)["max_in_flight"] <= 20
+
+
+def test_control_verbs_refuse_a_missing_run_and_values_out_of_range(tmp_path: Path,
+                                                                   sims) -> None:
+    r = agent("resize", str(tmp_path / "nope"), "3")
+    assert r.returncode == 2 and "not a run directory" in r.stderr
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 5)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sims().url], max_concurrency=64)
+    assert start_engine(spec).wait(60) == 0
+    r = agent("resize", str(tmp_path / "run"), "65")
+    assert r.returncode == 2 and "max_concurrency 64" in r.stderr
+    r = agent("max-tokens", str(tmp_path / "run"), "-5")
+    assert r.returncode == 2
+    r = agent("retry", str(tmp_path / "run"), "everything")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    control = json.loads((tmp_path / "run" / "control.json").read_text())
+    assert control["rev"] == 1, "a refused call must not write control.json"
+
+
+def test_s3_killed_mid_run_and_restarted(tmp_path: Path, sims, s3: S3Server) -> None:
+    sim = sims("--time-scale", "0.05")
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 800)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], s3=s3, batch_size=40)
+    engine = start_engine(spec, env=s3.env())
+    wait_progress(engine, lambda p: p["s3_uploaded"] >= 1, 60, "a first upload")
+    s3.kill()
+    seen = wait_progress(engine, lambda p: p["s3_pending"] >= 2, 60, "uploads pile up")
+    assert seen["s3_error"] and seen["status"] == "running"
+    at_outage = seen["completed"]
+    wait_progress(engine, lambda p: p["completed"] > at_outage + 80, 60,
+                  "generation goes on while S3 is down")
+    s3.restart()
+    assert engine.wait(180) == 0, engine.stderr()
+    progress = json.loads((engine.run_dir / "progress.json").read_text())
+    assert progress["s3_pending"] == 0 and progress["s3_error"] is None
+    st = read_run(engine.run_dir)
+    assert st.todo == set()
+    closed = sorted(p.name for p in (engine.run_dir / "completions").glob("*.jsonl"))
+    keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]}
+    assert keys == {f"runs/test/{n}" for n in closed}
+
+
+def test_retry_truncated_after_max_tokens_raise(tmp_path: Path, sims) -> None:
+    sim = sims("--truncation-share", "0.3")
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 300)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], max_tokens=64, batch_size=40)
+    assert start_engine(spec).wait(120) == 0
+    run_dir = tmp_path / "run"
+    st = read_run(run_dir)
+    truncated = {i for i, line in st.current.items() if line["finish_reason"] == "length"}
+    assert len(truncated) > 30
+    before = json.loads((run_dir / "progress.json").read_text())
+    assert before["truncated"] == len(truncated)
+    assert agent("max-tokens", str(run_dir), "4096").returncode == 0
+    assert agent("retry", str(run_dir), "truncated").returncode == 0
+    engine = start_engine(spec)
+    assert engine.wait(120) == 0, engine.stderr()
+    st = read_run(run_dir)
+    for i in truncated:
+        line = st.current[i]
+        assert line["attempt"] == 2 and line["max_tokens"] == 4096
+    untouched = set(st.current) - truncated
+    assert all(st.current[i]["attempt"] == 1 for i in untouched)
+    after = json.loads((run_dir / "progress.json").read_text())
+    still = sum(1 for line in st.current.values() if line["finish_reason"] == "length")
+    assert after["truncated"] == still < len(truncated)
+    assert after["completed"] == 300
+    # A second resume does not redo the retry.
+    again = start_engine(spec)
+    assert again.wait(60) == 0
+    assert read_run(run_dir).lines == st.lines
