@@ -11,8 +11,12 @@ from typing import Any
 
 import uvicorn
 
-from agents.sim.model import Faults, SimConfig, SimModel
-from agents.sim.server import SimServer, SimSettings, create_app, log
+from agents.sim.config import SimConfig
+from agents.sim.faults import Faults
+from agents.sim.logs import log
+from agents.sim.model import SimModel
+from agents.sim.server import SimServer, create_app
+from agents.sim.settings import SimSettings
 
 BIND_SHARE = 0.75  # SGLang opens its port after the weights load, then warms up (503)
 
