@@ -16,11 +16,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fleetdeck-agent {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from agents import runcli
     from agents.engine import cli as engine_cli
     from agents.sim import cli as sim_cli
 
     sim_cli.add_parser(sub)
     engine_cli.add_parsers(sub)
+    runcli.add_parsers(sub)
     return parser
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.control import ControlError, update_control
-from agents.schema import Control, progress_decoder
+from agents.schema import Control
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE = 0, 1, 2
 
@@ -125,31 +125,50 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    path = args.run_dir / "progress.json"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        print(f"fleetdeck-agent status: {path}: no progress yet (not a started run?)",
-              file=sys.stderr)
+    """The snapshot from the live supervisor, or from the run directory when none runs."""
+    from agents.runcli import supervised_status
+    from agents.runspec import SpecError, load_run_spec
+    from agents.schema import encoder, snapshot_decoder
+    from agents.snapshot import from_disk
+
+    run_dir = args.run_dir.resolve()
+    if not (run_dir / "run.toml").exists() and not (run_dir / "progress.json").exists():
+        print(f"fleetdeck-agent status: {run_dir}: not a run directory", file=sys.stderr)
         return EXIT_USAGE
+    raw = supervised_status(run_dir)
+    if raw is None:
+        try:
+            spec = load_run_spec(run_dir)
+            kind, name = spec.run.kind, spec.run.name
+        except SpecError:
+            kind, name = "generate", ""
+        raw = encoder.encode(from_disk(run_dir, kind, name))
     if args.json:
         sys.stdout.write(raw.decode() + "\n")
         return EXIT_OK
-    p = progress_decoder.decode(raw)
-    age = time.time() - p.updated_at
-    eta = f"{p.eta_hours:.2f} h" if p.eta_hours is not None else "unknown"
-    print(f"{p.run}: {p.status}  {p.completed}/{p.total} done, {p.failed} failed, "
-          f"{p.rate_per_sec:.2f}/s, ETA {eta}  (updated {age:.0f} s ago)")
-    print(f"  tokens out {p.total_output_tokens} (avg {p.avg_output_tokens}), truncated "
-          f"{p.truncated}, empty {p.empty}, max_tokens {p.max_tokens}, control rev "
-          f"{p.control_rev}")
-    print(f"  S3 {p.s3_uploaded} uploaded ({p.s3_bytes} bytes), {p.s3_pending} pending"
-          + (f" - {p.s3_error}" if p.s3_error else ""))
-    for name, s in p.servers.items():
+    snap = snapshot_decoder.decode(raw)
+    print(f"{snap.run}: {snap.status} ({snap.source}; {snap.host}:{snap.run_dir})")
+    p = snap.progress
+    if p is not None:
+        age = time.time() - p.updated_at
+        eta = f"{p.eta_hours:.2f} h" if p.eta_hours is not None else "unknown"
+        print(f"  {p.completed}/{p.total} done, {p.failed} failed, {p.rate_per_sec:.2f}/s, "
+              f"ETA {eta}  (progress {age:.0f} s old)")
+        print(f"  tokens out {p.total_output_tokens} (avg {p.avg_output_tokens}), truncated "
+              f"{p.truncated}, empty {p.empty}, max_tokens {p.max_tokens}, control rev "
+              f"{p.control_rev}")
+        print(f"  S3 {p.s3_uploaded} uploaded ({p.s3_bytes} bytes), {p.s3_pending} pending"
+              + (f" - {p.s3_error}" if p.s3_error else ""))
+    for s in snap.servers:
         acc = f"{s.accept_length:.2f}" if s.accept_length is not None else "-"
-        print(f"  server {name} {s.state:9} {s.in_flight}/{s.limit} in flight, "
+        print(f"  server {s.number} {s.state:10} {s.in_flight}/{s.limit} in flight, "
               f"{s.completed} done, {s.failed} failed, {s.req_per_s:.2f} req/s, "
-              f"{s.tok_per_s:.0f} tok/s, accept {acc}")
+              f"{s.tok_per_s:.0f} tok/s, accept {acc}, restarts {s.restarts}")
+    for a in snap.alerts:
+        since = time.strftime("%H:%M:%S", time.localtime(a.since))
+        print(f"  ALERT {a.severity}: {a.message} (since {since})")
+    if snap.message:
+        print(f"  note: {snap.message}")
     return EXIT_OK
 
 

@@ -86,12 +86,14 @@ def _same_hash(prompts: Path, pin: RunPin) -> bool:
 
 
 class Engine:
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, urls: list[str] | None = None) -> None:
         if spec.generate is None:
             raise SpecError(f"{spec.source}: [generate]: missing")
         self.spec = spec
         self.gen: GenerateSection = spec.generate
         self.run_dir = spec.run_dir
+        # Supervised runs pass the URLs of the servers they launched.
+        self.urls = urls if urls is not None else list(spec.servers.urls or [])
         self.status = "starting"
         self.stopping = False
         self.message: str | None = None
@@ -159,7 +161,7 @@ class Engine:
                  self.run_dir, rec.done, self._failed_count(), rec.open_batch_lines,
                  rec.recorded_after_crash, rec.torn_bytes_cut, rec.next_batch,
                  self.uploader.pending if self.uploader else 0)
-        urls = self.spec.servers.urls or []
+        urls = self.urls
         cap = self.gen.max_concurrency
         self.servers = [
             Server(number=n, url=url, limit=self._limit_for(n),
@@ -198,10 +200,11 @@ class Engine:
 
     # -- the run ----------------------------------------------------------------------------
 
-    async def run(self) -> int:
+    async def run(self, install_signals: bool = True) -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop, sig)
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop, sig)
         self._apply_control(self.control, initial=True)
         background = [
             asyncio.create_task(self._writer(), name="writer"),
@@ -228,6 +231,15 @@ class Engine:
                 self.uploader.close()
         log.info("engine exits with status %s", self.status)
         return 0 if self.status in ("done", "stopped") else 1
+
+    def set_server_state(self, number: int, healthy: bool) -> None:
+        """A supervisor's word on a server: route to it or not (its health is authoritative)."""
+        for s in self.servers:
+            if s.number == number:
+                s.state = "healthy" if healthy else "down"
+                if healthy:
+                    s.errors_in_row = 0
+                self._spawn(self.dispatcher.notify())
 
     def request_stop(self, sig: int | None = None) -> None:
         if not self.stopping:

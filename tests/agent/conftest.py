@@ -1,0 +1,129 @@
+"""Supervised runs for agent tests: simulated GPU servers launched by the real supervisor."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.procinfo import alive
+from tests.engine.runs import write_prompts
+from tests.servers.ports import wait_until
+
+
+def port_block(n: int) -> int:
+    """A base port with n consecutive free ports after it (servers take base_port + i)."""
+    for _ in range(200):
+        base = random.randint(20000, 60000 - n)
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no block of free ports")
+
+
+def agent(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def rpc_status(run_dir: Path) -> dict[str, Any]:
+    r = agent("status", str(run_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_status(run_dir: Path, cond: Callable[[dict[str, Any]], bool], timeout: float,
+                what: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def check() -> bool:
+        snap = rpc_status(run_dir)
+        if cond(snap):
+            seen.update(snap)
+            return True
+        return False
+
+    wait_until(check, timeout, what, interval=0.2)
+    return seen
+
+
+class Run:
+    def __init__(self, root: Path, spec: Path) -> None:
+        self.root = root
+        self.spec = spec
+        self.run_dir = root / "run"
+
+    def servers(self) -> list[dict[str, Any]]:
+        return json.loads((self.run_dir / "servers.json").read_text())
+
+    def supervisor_pid(self) -> int:
+        return int((self.run_dir / "supervisor.pid").read_text())
+
+
+@pytest.fixture
+def supervised(tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    runs: list[Run] = []
+
+    def make(n_servers: int = 2, prompts: int = 500, sim_args: str = "", root: Path | None = None,
+             alerts: dict[str, Any] | None = None, **generate: Any) -> Run:
+        root = root or tmp_path
+        root.mkdir(parents=True, exist_ok=True)
+        write_prompts(root / "prompts.jsonl", prompts)
+        base = port_block(n_servers)
+        command = (f"{sys.executable} -m agents.sim --port {{port}} --model-path {{model}} "
+                   f"--time-scale 0.05 --load-seconds 0.5 --enable-metrics "
+                   f"--decode-log-interval-s 20 {sim_args}")
+        gen = {"prompts": "prompts.jsonl", "max_tokens": 256, "concurrency_per_server": 8,
+               "batch_size": 100, "request_timeout_s": 30.0, "connect_timeout_s": 2.0}
+        gen.update(generate)
+        lines = ["[run]", 'name = "agent-test"', 'dir = "run"', "", "[servers]",
+                 f"gpus = {list(range(n_servers))}", f"base_port = {base}",
+                 'model = "qwen-sim"', f"command = {json.dumps(command)}",
+                 "startup_timeout_s = 60", "restart_backoff_s = 0.3",
+                 "health_interval_s = 0.3", "health_timeout_s = 30", "", "[generate]"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in gen.items()]
+        if alerts:
+            lines += ["", "[alerts]"] + [f"{k} = {json.dumps(v)}" for k, v in alerts.items()]
+        spec = root / "run.toml"
+        spec.write_text("\n".join(lines) + "\n")
+        run = Run(root, spec)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        if (run.run_dir / "supervisor.pid").exists():
+            agent("down", str(run.run_dir), "--yes")
+        pids = []
+        try:
+            pids.append(run.supervisor_pid())
+        except (FileNotFoundError, ValueError):
+            pass
+        try:
+            pids += [s["pid"] for s in run.servers() if s.get("pid")]
+        except FileNotFoundError:
+            pass
+        for pid in pids:
+            if alive(pid):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
