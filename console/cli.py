@@ -1,4 +1,5 @@
-"""`fleetdeck`: the console's headless commands. Never imports Textual (the TUI is separate)."""
+"""`fleetdeck`: with no command, the TUI; with a command, the headless console (which never
+imports Textual: the TUI module is imported only when the TUI is asked for)."""
 
 from __future__ import annotations
 
@@ -7,35 +8,63 @@ import sys
 from collections.abc import Sequence
 
 from agents import __version__
+from console import headless
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fleetdeck", description="fleetdeck: operations console for multi-GPU LLM runs."
-    )
+        prog="fleetdeck", description="fleetdeck: operations console for multi-GPU LLM runs. "
+        "Without a command it opens the TUI on the fleet file.")
     parser.add_argument("--version", action="version", version=f"fleetdeck {__version__}")
+    parser.add_argument("--fleet", default=None, help="the fleet file (default: "
+                        "~/.config/fleetdeck/fleet.toml)")
+    parser.add_argument("--read-only", action="store_true",
+                        help="no dangerous actions (stop, down, restart, launch)")
+    parser.add_argument("--accept-new-host-key", action="store_true",
+                        help="trust an unknown host key (never a changed one)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="per call, seconds")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    demo = sub.add_parser("demo", help="the embedded demo (arrives with the Console issue)")
-    demo.add_argument("--headless", action="store_true")
-    demo.add_argument("--duration", type=float, default=None)
+    p = sub.add_parser("status", help="status of every node (or --node NAME)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--watch", action="store_true")
+    p.add_argument("--interval", type=float, default=1.0)
+    p.add_argument("--node", default=None)
+    p.add_argument("--exit-on-alert", action="store_true")
+    p.set_defaults(runner=headless.cmd_status)
+    headless.add_verbs(sub)
+    from console import extra_verbs
+
+    extra_verbs.add(sub)
+    demo = sub.add_parser("demo", help="a simulated 7-GPU generation node, in the TUI")
+    demo.add_argument("--headless", action="store_true", help="JSON status lines, no TUI")
+    demo.add_argument("--duration", type=float, default=None, help="seconds, then exit")
+    demo.add_argument("--prompts", type=int, default=20000)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
     if args.command == "demo":
-        print(
-            "fleetdeck demo: not built yet - the TUI and the embedded demo arrive with the "
-            "Console issue. Today: `fleetdeck-agent sim-server` and `fleetdeck-agent generate`.",
-            file=sys.stderr,
-        )
-        return 2
-    parser.error(f"unknown command {args.command}")
-    return 2
+        from console.demo import run_demo
+
+        return run_demo(args)
+    if args.command is None:
+        from console.tui import run_tui
+
+        return run_tui(args)
+    runner = getattr(args, "runner", None)
+    if runner is None:
+        parser.error(f"no handler for {args.command}")
+    if getattr(args, "sync", False):
+        code: int = runner(args)
+        return code
+    try:
+        fleet = headless.load(args)
+    except headless.FleetError as exc:
+        print(str(exc), file=sys.stderr)
+        return headless.EXIT_USAGE
+    return headless.run_async(runner(fleet, args))
 
 
 if __name__ == "__main__":

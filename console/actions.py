@@ -1,0 +1,49 @@
+"""The action vocabulary, defined once: the TUI's bindings and palette, the headless verbs and
+the RPC methods all come from this table. Binding ids equal RPC method names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    id: str  # the RPC method (or a console-only action id)
+    key: str  # the default key; remappable through [console.keymap]
+    title: str
+    description: str
+    dangerous: bool = False
+    rpc: bool = True  # False: a console-only action (switch node, theme, pull...)
+
+
+ACTIONS: tuple[Action, ...] = (
+    Action("launch", "L", "Launch", "start the run on this node (supervisor, servers, job)",
+           dangerous=True),
+    Action("stop", "s", "Stop", "drain and stop the job; servers stay up", dangerous=True),
+    Action("down", "D", "Down", "stop the job, the servers and the supervisor", dangerous=True),
+    Action("pause", "p", "Pause", "stop sending new requests"),
+    Action("unpause", "P", "Unpause", "send requests again"),
+    Action("resume", "r", "Resume", "restart a dead supervisor or a stopped job"),
+    Action("resize", "c", "Concurrency", "set requests in flight per server (all or one)"),
+    Action("resize_up", "plus", "+ concurrency", "one more request in flight per server"),
+    Action("resize_down", "minus", "- concurrency", "one fewer request in flight per server"),
+    Action("max_tokens", "m", "Max tokens", "max tokens for new requests"),
+    Action("retry", "R", "Retry", "re-queue failed or truncated indices"),
+    Action("restart_server", "x", "Restart server", "restart the selected server",
+           dangerous=True),
+    Action("logs", "l", "Logs", "tail a log of the run"),
+    Action("samples", "S", "Samples", "read the latest completions"),
+    Action("pull", "u", "Pull", "copy the run's artifacts here over SFTP", rpc=False),
+    Action("decommission", "k", "Decommission", "checklist: safe to give the node back?",
+           rpc=False),
+    Action("next_node", "n", "Next node", "show the next node", rpc=False),
+    Action("fleet", "f", "Fleet", "back to the fleet view", rpc=False),
+    Action("theme", "t", "Theme", "cycle the colour theme", rpc=False),
+)
+
+BY_ID = {a.id: a for a in ACTIONS}
+
+
+def visible(read_only: bool) -> tuple[Action, ...]:
+    """`--read-only` removes every dangerous action, from keys and palette alike."""
+    return tuple(a for a in ACTIONS if not (read_only and a.dangerous))

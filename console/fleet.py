@@ -1,0 +1,119 @@
+"""The fleet file: which nodes there are, how to reach them, and the console's settings.
+
+    [console]
+    theme = "fleetdeck-dark"
+    pull_dir = "~/fleetdeck-pulls"
+    alert_command = "~/bin/page-me"        # gets each new alert as JSON on stdin
+    [console.keymap]
+    resize_up = "plus"
+
+    [[nodes]]
+    name = "gen-1"
+    host = "gpu-box-7"                      # ~/.ssh/config is honoured
+    user = "ubuntu"
+    run_dir = "/data/runs/qwen-traces"
+    role = "generate"
+    spec = "/data/runs/qwen-traces.toml"    # what `launch` starts
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+DEFAULT_AGENT = "~/.fleetdeck/venv/bin/fleetdeck-agent"
+
+
+class FleetError(ValueError):
+    """A fleet file that cannot be used; the message names the file, node and key."""
+
+
+class Node(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    run_dir: str
+    role: Literal["generate", "train"] = "generate"
+    host: str | None = None
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    agent: str = DEFAULT_AGENT
+    spec: str | None = None
+    # `local` runs the agent as a subprocess here (the demo and tests): the same bytes as SSH.
+    local: bool = False
+    connect_timeout_s: float = 10.0
+    keepalive_s: float = 15.0
+
+
+class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True):
+    theme: str = "fleetdeck-dark"
+    pull_dir: str = "~/fleetdeck-pulls"
+    alert_command: str | None = None
+    read_only: bool = False
+    bell: bool = True
+    keymap: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class Fleet(msgspec.Struct, forbid_unknown_fields=True):
+    nodes: list[Node] = msgspec.field(default_factory=list)
+    console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
+    source: str = ""
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        names = ", ".join(n.name for n in self.nodes) or "none"
+        raise FleetError(f"{self.source or 'fleet'}: no node named {name!r} (nodes: {names})")
+
+    @property
+    def pull_dir(self) -> Path:
+        return Path(os.path.expanduser(self.console.pull_dir))
+
+
+def default_fleet_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "fleetdeck" / "fleet.toml"
+
+
+def _where(msg: str) -> str:
+    def repl(m: re.Match[str]) -> str:
+        path = m.group(1)
+        node = re.match(r"\.nodes\[(\d+)\](.*)", path)
+        if node:
+            rest = node.group(2).lstrip(".")
+            return f"nodes[{node.group(1)}]" + (f" key {rest}" if rest else "")
+        return path.lstrip(".") or "the top level"
+
+    return re.sub(r"`\$((?:\.[\w\[\]]+)*)`", repl, msg)
+
+
+def load_fleet(path: str | Path | None = None) -> Fleet:
+    path = Path(path) if path else default_fleet_path()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise FleetError(f"{path}: no fleet file (write one, or pass --fleet FILE)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FleetError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        fleet = msgspec.convert(raw, Fleet)
+    except msgspec.ValidationError as exc:
+        raise FleetError(f"{path}: {_where(str(exc))}") from None
+    fleet.source = str(path)
+    seen: set[str] = set()
+    for i, node in enumerate(fleet.nodes):
+        where = f"{path}: node {node.name!r} (nodes[{i}])"
+        if node.name in seen:
+            raise FleetError(f"{where}: the name is used twice")
+        seen.add(node.name)
+        if not node.local and not node.host:
+            raise FleetError(f"{where}: host is missing (or set local = true)")
+        if not node.run_dir:
+            raise FleetError(f"{where}: run_dir is empty")
+    return fleet

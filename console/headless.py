@@ -1,0 +1,215 @@
+"""The console's headless verbs: the same transport and RPC as the TUI, data on stdout,
+narration and errors on stderr. Exit codes: 0 ok, 1 a check failed or an alert fired where
+asked, 2 usage or input error, 3 a node unreachable. Never imports Textual."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from agents.rpc import RpcError
+from console.actions import BY_ID
+from console.fleet import Fleet, FleetError, Node, load_fleet
+from console.transport import AgentLink, HostKeyProblem, Unreachable, accept_host_key
+
+EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+async def open_link(node: Node, accept_new: bool) -> AgentLink:
+    link = AgentLink(node)
+    try:
+        await link.connect()
+    except HostKeyProblem as exc:
+        if exc.kind == "unknown" and accept_new:
+            fp = await accept_host_key(node)
+            say(f"{node.name}: accepted new host key {fp}")
+            await link.connect()
+        else:
+            raise
+    return link
+
+
+def _node_entry(name: str, link: str, error: str | None, snap: Any) -> dict[str, Any]:
+    return {"node": name, "link": link, "error": error, "snapshot": snap}
+
+
+async def _status_once(fleet: Fleet, nodes: list[Node], accept_new: bool
+                       ) -> list[dict[str, Any]]:
+    async def one(node: Node) -> dict[str, Any]:
+        try:
+            link = await open_link(node, accept_new)
+        except (Unreachable, OSError) as exc:
+            return _node_entry(node.name, "unreachable", str(exc), None)
+        try:
+            snap = await link.call("status", {}, timeout=30)
+            return _node_entry(node.name, "connected", None, snap)
+        except (RpcError, ConnectionError, TimeoutError) as exc:
+            return _node_entry(node.name, "error", str(exc), None)
+        finally:
+            await link.close()
+
+    return list(await asyncio.gather(*(one(n) for n in nodes)))
+
+
+def _human(entry: dict[str, Any]) -> str:
+    snap = entry["snapshot"]
+    if snap is None:
+        return f"{entry['node']}: {entry['link']} - {entry['error']}"
+    p = snap.get("progress") or {}
+    line = f"{entry['node']}: {snap['kind']} {snap['run']} {snap['status']}"
+    if p:
+        eta = p.get("eta_hours")
+        line += (f"  {p['completed']}/{p['total']} done, {p['failed']} failed, "
+                 f"{p['rate_per_sec']:.2f}/s, ETA {'?' if eta is None else f'{eta:.2f} h'}")
+    train = snap.get("train") or {}
+    if train:
+        line += f"  step {train.get('step')}/{train.get('total_steps')} loss {train.get('loss')}"
+    for a in snap.get("alerts", []):
+        line += f"\n  ALERT {a['severity']}: {a['message']}"
+    return line
+
+
+def _alerting(entries: list[dict[str, Any]]) -> bool:
+    return any((e["snapshot"] or {}).get("alerts") for e in entries)
+
+
+async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
+    nodes = [fleet.node(args.node)] if args.node else fleet.nodes
+    if not nodes:
+        say(f"{fleet.source}: no nodes")
+        return EXIT_USAGE
+    while True:
+        entries = await _status_once(fleet, nodes, args.accept_new_host_key)
+        if args.json:
+            print(json.dumps({"time": time.time(), "nodes": entries}), flush=True)
+        else:
+            for e in entries:
+                print(_human(e), flush=True)
+        if args.exit_on_alert and _alerting(entries):
+            return EXIT_CHECK
+        if not args.watch:
+            break
+        await asyncio.sleep(args.interval)
+    if any(e["link"] != "connected" for e in entries):
+        return EXIT_UNREACHABLE
+    return EXIT_OK
+
+
+VERB_PARAMS: dict[str, Any] = {
+    "stop": lambda a: {"servers": a.servers},
+    "down": lambda a: {},
+    "pause": lambda a: {},
+    "unpause": lambda a: {},
+    "resume": lambda a: {},
+    "resize": lambda a: {"value": a.value, **({"server": a.server} if a.server is not None
+                                              else {})},
+    "max_tokens": lambda a: {"value": a.value},
+    "retry": lambda a: {"what": a.what},
+    "restart_server": lambda a: {"server": a.server},
+    "logs": lambda a: {"name": a.name, "n": a.n},
+    "samples": lambda a: {"n": a.n},
+    "verify": lambda a: {},
+    "launch": lambda a: {"spec": a.spec} if a.spec else {},
+}
+
+
+async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
+    method = args.method
+    action = BY_ID.get(method)
+    if action is not None and action.dangerous:
+        if fleet.console.read_only or args.read_only:
+            say(f"fleetdeck {args.command}: not allowed in read-only mode")
+            return EXIT_USAGE
+        if not args.yes:
+            say(f"fleetdeck {args.command}: a dangerous action on {args.node_name}; add --yes")
+            return EXIT_USAGE
+    node = fleet.node(args.node_name)
+    params = VERB_PARAMS[method](args)
+    if method == "launch" and "spec" not in params and node.spec:
+        params["spec"] = node.spec
+    try:
+        link = await open_link(node, args.accept_new_host_key)
+    except (Unreachable, OSError) as exc:
+        say(str(exc))
+        return EXIT_UNREACHABLE
+    try:
+        result = await link.call(method, params, timeout=args.timeout)
+    except RpcError as exc:
+        say(f"{node.name}: {method}: {exc.message}")
+        return EXIT_CHECK
+    except (ConnectionError, TimeoutError) as exc:
+        say(str(exc))
+        return EXIT_UNREACHABLE
+    finally:
+        await link.close()
+    if method == "logs":
+        for line in result["lines"]:
+            print(line)
+    elif method == "verify":
+        print(json.dumps(result))
+        return EXIT_OK if result.get("ok") else EXIT_CHECK
+    else:
+        print(json.dumps(result))
+    return EXIT_OK
+
+
+def add_verbs(sub: Any) -> None:
+    def verb(name: str, method: str, help_: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
+        p.add_argument("node_name", metavar="NODE")
+        p.set_defaults(method=method, runner=cmd_verb)
+        if BY_ID.get(method) and BY_ID[method].dangerous:
+            p.add_argument("--yes", action="store_true", help="confirm a dangerous action")
+        else:
+            p.set_defaults(yes=True)
+        return p
+
+    p = verb("launch", "launch", "start the run on NODE (its spec, or --spec PATH on the node)")
+    p.add_argument("--spec", default=None)
+    p = verb("stop", "stop", "drain and stop the job (servers stay)")
+    p.add_argument("--servers", action="store_true")
+    verb("down", "down", "stop job, servers and supervisor")
+    verb("pause", "pause", "stop sending new requests")
+    verb("unpause", "unpause", "send requests again")
+    verb("resume", "resume", "restart a dead supervisor or a stopped job")
+    p = verb("resize", "resize", "requests in flight per server")
+    p.add_argument("value", type=int)
+    p.add_argument("--server", type=int, default=None)
+    p = verb("max-tokens", "max_tokens", "max tokens for new requests")
+    p.add_argument("value", type=int)
+    p = verb("retry", "retry", "re-queue failed or truncated indices")
+    p.add_argument("what", choices=["failed", "truncated"])
+    p = verb("restart-server", "restart_server", "restart one server")
+    p.add_argument("server", type=int)
+    p = verb("logs", "logs", "tail a log (generate, supervisor, sglang_gpuN)")
+    p.add_argument("name", nargs="?", default="generate")
+    p.add_argument("-n", type=int, default=50)
+    p = verb("samples", "samples", "the latest completions")
+    p.add_argument("-n", type=int, default=5)
+    verb("verify", "verify", "check S3 and the counts on the node")
+
+
+def run_async(coro: Any) -> int:
+    try:
+        code: int = asyncio.run(coro)
+        return code
+    except FleetError as exc:
+        say(str(exc))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def load(args: argparse.Namespace) -> Fleet:
+    return load_fleet(args.fleet)
+
+
+__all__ = ["add_verbs", "cmd_status", "cmd_verb", "load", "run_async"]

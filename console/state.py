@@ -1,0 +1,78 @@
+"""The fleet as the console knows it: per node, the link's state, the last snapshot and its
+age, and which alerts are new. Widgets render this; they never ask a node anything."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from agents.schema import Alert, Snapshot
+from console.fleet import Fleet, Node
+
+_decoder = msgspec.json.Decoder(Snapshot)
+
+
+@dataclass(slots=True)
+class NodeState:
+    node: Node
+    link: str = "connecting"
+    error: str | None = None
+    snapshot: Snapshot | None = None
+    received_at: float | None = None
+    alert_codes: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def age_s(self, now: float | None = None) -> float | None:
+        if self.received_at is None:
+            return None
+        return max(0.0, (time.time() if now is None else now) - self.received_at)
+
+
+class FleetState:
+    """Applies snapshots (decoded once, typed) and tells listeners what changed."""
+
+    def __init__(self, fleet: Fleet, on_new_alert: Callable[[str, Alert], None] | None = None
+                 ) -> None:
+        self.fleet = fleet
+        self.nodes: dict[str, NodeState] = {n.name: NodeState(n) for n in fleet.nodes}
+        self.on_new_alert = on_new_alert
+        self.version = 0  # bumped on every change, for cheap redraw checks
+
+    def apply(self, name: str, raw: dict[str, Any] | bytes) -> Snapshot | None:
+        state = self.nodes.get(name)
+        if state is None:
+            return None
+        try:
+            snap = (_decoder.decode(raw) if isinstance(raw, bytes)
+                    else msgspec.convert(raw, Snapshot))
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            state.error = f"unreadable snapshot: {exc}"
+            self.version += 1
+            return None
+        state.snapshot = snap
+        state.received_at = time.time()
+        codes = {a.code for a in snap.alerts}
+        if self.on_new_alert is not None:
+            for alert in snap.alerts:
+                if alert.code not in state.alert_codes:
+                    self.on_new_alert(name, alert)
+        state.alert_codes = codes
+        self.version += 1
+        return snap
+
+    def set_link(self, name: str, link: str, error: str | None) -> None:
+        state = self.nodes.get(name)
+        if state is None:
+            return
+        state.link, state.error = link, error
+        self.version += 1
+
+    def names(self) -> list[str]:
+        return list(self.nodes)
