@@ -1,18 +1,24 @@
 """RPC methods that need no live supervisor: live controls (through control.json, as the
-headless CLI does), logs, samples, history and the hello handshake. The supervisor and
-`serve --stdio` (when no supervisor runs) both answer with these."""
+headless CLI does), logs, samples, history, the artifact manifest, verify and the hello
+handshake. The supervisor and `serve --stdio` (when no supervisor runs) both answer with
+these."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agents import PROTOCOL_VERSION, __version__
 from agents.control import ControlError, update_control
+from agents.manifest import MAX_LIMIT, Manifest
 from agents.rpc import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
 from agents.runfiles import OutsideRunDir, history, log_path, recent_samples, tail
 from agents.schema import Control
+from agents.verify import VerifyError, verify_run
 
 MAX_LOG_LINES = 5000
 
@@ -98,5 +104,25 @@ class ControlMethods:
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
             return history(self.run_dir, since, limit)
 
+        async def manifest(p: dict[str, Any]) -> Any:
+            offset = _int({"offset": p.get("offset", 0)}, "offset")
+            limit = min(_int({"limit": p.get("limit", 1000)}, "limit", 1), MAX_LIMIT)
+            try:
+                # Off the loop: a page may hash large files (a checkpoint, a long log).
+                page = await asyncio.to_thread(Manifest(self.run_dir).page, offset, limit,
+                                               p.get("prefix", ""), p.get("path"))
+            except OutsideRunDir as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return msgspec.to_builtins(page)
+
+        async def verify(p: dict[str, Any]) -> Any:
+            try:
+                # Off the loop: it reads every batch and asks S3; the loop keeps answering.
+                report = await asyncio.to_thread(verify_run, self.run_dir)
+            except VerifyError as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return msgspec.to_builtins(report)
+
         return {"pause": pause, "unpause": unpause, "resize": resize, "max_tokens": max_tokens,
-                "retry": retry, "logs": logs, "samples": samples, "history": history_}
+                "retry": retry, "logs": logs, "samples": samples, "history": history_,
+                "manifest": manifest, "verify": verify}

@@ -1,5 +1,6 @@
 """Headless verbs for supervised runs: `up`, `stop`, `down`, `resume`, `restart-server`,
-`logs`, `samples`, and `serve --stdio` for the console. Each maps one to one onto an RPC."""
+`logs`, `samples`, `manifest`, `verify`, and `serve --stdio` for the console. Each maps one
+to one onto an RPC."""
 
 from __future__ import annotations
 
@@ -56,6 +57,18 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("-n", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_samples)
+
+    p = sub.add_parser("manifest", help="every artifact of the run with size, mtime and sha256")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--prefix", default="", help="only what lies under this relative path")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_manifest)
+
+    p = sub.add_parser("verify", help="S3 against uploads.jsonl, and the counts against "
+                                      "each other (exit 1 when a check fails)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_verify)
 
     p = sub.add_parser("serve", help="relay RPC for a console over this process's stdio")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -158,6 +171,57 @@ def cmd_samples(args: argparse.Namespace) -> int:
         print(f"  reasoning: {s['reasoning_head'][:200]!r}")
         print(f"  answer:    {s['content_head'][:200]!r}")
     return EXIT_OK
+
+
+def cmd_manifest(args: argparse.Namespace) -> int:
+    from agents.manifest import Manifest
+    from agents.runfiles import OutsideRunDir
+
+    if not args.run_dir.is_dir():
+        return _err("manifest", ValueError(f"{args.run_dir}: no such directory"))
+    try:
+        entries = Manifest(args.run_dir.resolve()).entries(args.prefix)
+    except OutsideRunDir as exc:
+        return _err("manifest", exc)
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode({"entries": entries, "total": len(entries)})
+                                + b"\n")
+        return EXIT_OK
+    for e in entries:
+        flags = " ".join(f for f in (("in_s3" if e.in_s3 else ""),
+                                     (f"refused:{e.refused}" if e.refused else "")) if f)
+        print(f"{e.kind:<10} {e.size:>12} {(e.sha256 or '-')[:16]:<16} {e.path}"
+              + (f"  [{flags}]" if flags else ""))
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from agents.verify import VerifyError, verify_run
+
+    try:
+        report = verify_run(args.run_dir.resolve())
+    except VerifyError as exc:
+        return _err("verify", exc)
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
+    else:
+        for check in report.checks:
+            detail = check.detail
+            if not check.ok and len(detail) > 150:  # the problems follow, one a line
+                detail = detail[:150] + "..."
+            print(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {detail}")
+        for problem in report.problems:
+            print(f"  - {problem}")
+        c = report.counted
+        print(f"counted: {c.done_indices} done, {c.current_lines} current lines "
+              f"({c.open_batch_lines} in the open batch), {c.closed_batches} closed batches, "
+              f"{c.s3_objects if c.s3_objects is not None else '?'} S3 objects; "
+              f"{report.elapsed_s:.1f} s")
+    if not report.ok:
+        n = len(report.problems)
+        print(f"fleetdeck-agent verify: {n} problem{'s' if n != 1 else ''} in {args.run_dir}",
+              file=sys.stderr)
+    return EXIT_OK if report.ok else EXIT_CHECK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -307,3 +307,67 @@ class Snapshot(msgspec.Struct):
 
 
 snapshot_decoder = msgspec.json.Decoder(Snapshot)
+
+
+# -- artifacts: the manifest of a run directory and the verify report ---------------------------
+
+ArtifactKind = Literal["batch", "open_batch", "state", "log", "launch", "checkpoint", "other"]
+HashSource = Literal["uploads", "cache", "read"]
+
+
+class ManifestEntry(msgspec.Struct, omit_defaults=False):
+    """One file of RUN_DIR. `sha256` is that of the first `size` bytes (a file still being
+    appended to grows past them); it is None for a refused entry, which is never served.
+    `in_s3`: a closed batch that uploads.jsonl records with this size and hash."""
+
+    path: str  # relative to RUN_DIR, '/'-separated
+    kind: ArtifactKind
+    size: int
+    mtime: float
+    mtime_ns: int
+    sha256: str | None
+    sha256_from: HashSource | None = None
+    in_s3: bool = False
+    refused: Literal["symlink", "unreadable"] | None = None
+
+
+class ManifestPage(msgspec.Struct, omit_defaults=False):
+    """A page of the manifest, sorted by path; `next_offset` is None on the last page."""
+
+    entries: list[ManifestEntry]
+    total: int
+    next_offset: int | None
+
+
+class VerifyCheck(msgspec.Struct, omit_defaults=False):
+    name: str
+    ok: bool
+    detail: str
+
+
+class VerifyCounts(msgspec.Struct, omit_defaults=False):
+    """What verify counted. `None`: not known (no progress.json, no [s3], S3 unreachable)."""
+
+    done_indices: int  # distinct indices in .done_indices
+    done_records: int  # its lines (an index retried has one per attempt)
+    progress_completed: int | None
+    current_lines: int  # distinct indices with a batch line (the highest attempt is current)
+    lines: int  # every batch line, superseded ones included
+    closed_batches: int
+    open_batch_lines: int
+    upload_records: int
+    s3_objects: int | None
+    s3_bytes: int | None
+
+
+class VerifyReport(msgspec.Struct, omit_defaults=False):
+    """`verify`: S3 against uploads.jsonl and the counts against each other. Every problem
+    names its batch and, where it has one, its index range."""
+
+    ok: bool
+    checks: list[VerifyCheck]
+    problems: list[str]
+    counted: VerifyCounts
+    run_status: str | None = None
+    s3_url: str | None = None
+    elapsed_s: float = 0.0
