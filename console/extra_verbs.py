@@ -1,5 +1,5 @@
-"""Console verbs beyond the RPC table: bootstrap (and, with the artifacts work, pull and
-decommission-check). Registered on the headless parser."""
+"""Console verbs beyond the RPC table: bootstrap, pull and decommission-check. Registered on
+the headless parser."""
 
 from __future__ import annotations
 
@@ -12,3 +12,18 @@ def add(sub: Any) -> None:
     p = sub.add_parser("bootstrap", help="install or upgrade the agent on NODE over SSH")
     p.add_argument("node_name", metavar="NODE")
     p.set_defaults(runner=bootstrap.cmd_bootstrap)
+
+    from console import decommission
+
+    p = sub.add_parser("pull", help="copy the run's artifacts here over SFTP, sha256-checked")
+    p.add_argument("node_name", metavar="NODE")
+    p.add_argument("--to", default=None, help="pull folder (default: [console] pull_dir)")
+    p.add_argument("--all", action="store_true", help="completion batches held in S3 too")
+    p.set_defaults(runner=decommission.cmd_pull)
+
+    p = sub.add_parser("decommission-check",
+                       help="exit 0 only when it is safe to give NODE back")
+    p.add_argument("node_name", metavar="NODE")
+    p.add_argument("--to", default=None, help="pull folder (default: [console] pull_dir)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(runner=decommission.cmd_decommission_check)

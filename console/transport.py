@@ -106,10 +106,15 @@ async def accept_host_key(node: Node) -> str:
     return str(key.get_fingerprint())
 
 
-async def ssh_connect(node: Node) -> asyncssh.SSHClientConnection:
-    """An SSH connection to the node, or Unreachable naming why not."""
+async def ssh_connect(node: Node, ciphers: list[str] | None = None
+                      ) -> asyncssh.SSHClientConnection:
+    """An SSH connection to the node, or Unreachable naming why not. `ciphers` puts preferred
+    ones first (bulk copies want AES-GCM)."""
+    opts = _ssh_options(node)
+    if ciphers:
+        opts["encryption_algs"] = ciphers
     try:
-        return await asyncssh.connect(node.host or "", **_ssh_options(node))
+        return await asyncssh.connect(node.host or "", **opts)
     except asyncssh.HostKeyNotVerifiable:
         raise await _host_key_problem(node) from None
     except asyncssh.PermissionDenied as exc:
@@ -163,8 +168,10 @@ class AgentLink:
     """One node's channel: calls with replies, pushed snapshots, reconnection."""
 
     def __init__(self, node: Node, on_snapshot: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_state: Callable[[str, str, str | None], None] | None = None) -> None:
+                 on_state: Callable[[str, str, str | None], None] | None = None,
+                 ciphers: list[str] | None = None) -> None:
         self.node = node
+        self.ciphers = ciphers
         self.on_snapshot = on_snapshot
         self.on_state = on_state
         self.state = "connecting"
@@ -172,6 +179,7 @@ class AgentLink:
         self.conn: asyncssh.SSHClientConnection | None = None
         self.hello: dict[str, Any] | None = None
         self.last_contact: float | None = None
+        self.host_key_problem: HostKeyProblem | None = None  # the TUI asks about unknown keys
         self._pipe: Pipe | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._next = 0
@@ -187,7 +195,7 @@ class AgentLink:
     async def connect(self) -> dict[str, Any]:
         """Open the channel and say hello; raises Unreachable / VersionMismatch."""
         if not self.node.local:
-            self.conn = await ssh_connect(self.node)
+            self.conn = await ssh_connect(self.node, self.ciphers)
         try:
             self._pipe = await open_pipe(self.node, self.conn)
         except (OSError, asyncssh.Error) as exc:
@@ -296,6 +304,7 @@ class AgentLink:
                     break
                 self._set("reconnecting", "connection lost")
             except HostKeyProblem as exc:
+                self.host_key_problem = exc
                 self._set("host key", str(exc))
             except VersionMismatch as exc:
                 self._set("version mismatch", str(exc))
