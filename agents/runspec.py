@@ -296,6 +296,9 @@ def keep_copy(spec: RunSpec, run_dir: Path) -> None:
 def load_spec(path: str | Path, base_dir: Path | None = None) -> RunSpec:
     """Read and validate a run.toml; raise SpecError naming file, key and reason."""
     path = Path(path)
+    if base_dir is None and path.name == "run.toml" and (path.parent / "run.base").exists():
+        # The copy kept in RUN_DIR: its relative paths start where the original's did.
+        base_dir = Path((path.parent / "run.base").read_text().strip())
     try:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:

@@ -1,0 +1,1 @@
+"""Data preparation, the DFlash drafter, online training and evaluation (docs/trainer.md)."""

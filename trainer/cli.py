@@ -1,24 +1,171 @@
-"""`fleetdeck-train`: data preparation and DFlash drafter training (the Trainer issue)."""
+"""`fleetdeck-train`: prepare data, train a DFlash drafter, evaluate it (docs/trainer.md).
+
+    fleetdeck-train prepare RUN.toml [--data SRC] [--endpoint-url URL] ...
+    fleetdeck-train train RUN.toml [--resume] [--steps N]
+    fleetdeck-train evaluate RUN.toml [--checkpoint best|last|DIR] [--zero-context]
+
+Exit codes: 0 ok; 1 a check failed (the quality gate, outputs that differ from greedy
+decoding); 2 a usage or input error (the message names the file and the key).
+Data (reports) go to stdout as JSON, narration to stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 from collections.abc import Sequence
 
+import msgspec
+
 from agents import __version__
+from agents.runspec import SpecError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetdeck-train", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"fleetdeck-train {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="completion batches -> token shards + quality gate")
+    p.add_argument("spec", help="run.toml with a [train] section")
+    p.add_argument("--data", help="batch folder or s3://bucket/prefix (default [train] data)")
+    p.add_argument("--endpoint-url", help="S3 endpoint (default [train] endpoint_url)")
+    p.add_argument("--out", help="shard folder (default [train] prepared, in the run dir)")
+    p.add_argument("--supervise", choices=["final", "all"],
+                   help="assistant turns with loss (default [train] supervise: final)")
+    p.add_argument("--keep-truncated", action="store_true", default=None,
+                   help="keep answers cut by max_tokens (finish_reason length)")
+    p.add_argument("--max-under-min-share", type=float,
+                   help="gate: most samples allowed under 2 x block size supervised tokens")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes that render and tokenise (default 1)")
+
+    t = sub.add_parser("train", help="train the drafter online against the frozen target")
+    t.add_argument("spec")
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    t.add_argument("--steps", type=int,
+                   help="stop (with a checkpoint) after this many steps of this invocation")
+    t.add_argument("--max-steps", type=int, help="cap the run's total steps")
+
+    e = sub.add_parser("evaluate", help="speculative decoding on held-out prompts: tau")
+    e.add_argument("spec")
+    e.add_argument("--checkpoint", default="best", help="best (default), last, or a folder")
+    e.add_argument("--prompts", type=int, help="held-out prompts (default [train] eval_prompts)")
+    e.add_argument("--max-new-tokens", type=int)
+    e.add_argument("--zero-context", action="store_true",
+                   help="ablation: zero the target features the drafter sees")
+    e.add_argument("--tie-margin", type=float,
+                   help="logit gap under which a difference from greedy is a near tie")
+    e.add_argument("--report", help="also write the report to this file")
+    return parser
+
+
+def _dump(obj: object) -> None:
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(obj), indent=2).decode() + "\n")
+    sys.stdout.flush()
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trainer.paths import load_train_spec, resolve
+    from trainer.prepare import PrepareSettings, prepare
+
+    spec, cfg = load_train_spec(args.spec)
+    paths = resolve(spec, cfg)
+    data = args.data or paths.data
+    settings = PrepareSettings(
+        data=data, tokenizer=paths.tokenizer,
+        out=Path(args.out) if args.out else paths.prepared,
+        endpoint_url=args.endpoint_url or cfg.endpoint_url,
+        supervise=args.supervise or cfg.supervise,
+        keep_truncated=cfg.keep_truncated if args.keep_truncated is None else True,
+        max_length=cfg.max_length, block_size=cfg.block_size,
+        max_under_min_share=(cfg.max_under_min_share if args.max_under_min_share is None
+                             else args.max_under_min_share),
+        heldout_share=cfg.heldout_share, workers=max(1, args.workers))
+    report = prepare(settings)
+    _dump(report)
+    if not report.gate.passed:
+        print(f"fleetdeck-train prepare: refused: {report.gate.reason}", file=sys.stderr)
+        return 1
+    print(f"fleetdeck-train prepare: {report.train_samples} train and {report.heldout_samples} "
+          f"held-out samples in {settings.out}", file=sys.stderr)
+    return 0
+
+
+def _launch_torchrun(nproc: int, argv: Sequence[str]) -> None:
+    """`[train] nproc` > 1 outside torchrun: become torchrun, running this same command."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", "-m", "trainer.cli", *argv]
+    os.execv(sys.executable, args)
+
+
+def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from trainer.distributed import under_torchrun
+    from trainer.paths import load_train_spec
+    from trainer.train import TrainOptions, train
+
+    spec, cfg = load_train_spec(args.spec)
+    if cfg.nproc > 1 and not under_torchrun():
+        _launch_torchrun(cfg.nproc, argv)
+    for flag, value in (("--steps", args.steps), ("--max-steps", args.max_steps)):
+        if value is not None and value < 1:
+            raise SpecError(f"{flag}: must be at least 1, got {value}")
+    status = train(spec, cfg, TrainOptions(args.resume, args.steps, args.max_steps))
+    return 0 if status in ("done", "stopped") else 1
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agents.atomic import atomic_write
+    from trainer.evaluate import evaluate
+    from trainer.paths import load_train_spec
+
+    spec, cfg = load_train_spec(args.spec)
+    report = evaluate(spec, cfg, args.checkpoint, args.prompts, args.max_new_tokens,
+                      args.zero_context, args.tie_margin)
+    _dump(report)
+    if args.report:
+        atomic_write(Path(args.report), msgspec.json.encode(report))
+    print(f"fleetdeck-train evaluate: tau {report.tau:.2f} over {report.prompts} prompts; "
+          f"{report.equal} equal to greedy, {report.near_ties} near ties, "
+          f"{report.mismatches} mismatches", file=sys.stderr)
+    return 1 if report.mismatches else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="fleetdeck-train",
-        description="fleetdeck trainer: prepare and train arrive with the Trainer issue; "
-        "no command is available in this version.",
-    )
-    parser.add_argument("--version", action="version", version=f"fleetdeck-train {__version__}")
-    parser.parse_args(argv)
-    parser.print_help(sys.stderr)
-    return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    from trainer.checkpoint import CheckpointError
+    from trainer.data import DataError
+    from trainer.evaluate import EvaluateError
+    from trainer.prepare import PrepareError
+    from trainer.shards import ShardError
+    from trainer.sources import SourceError
+    from trainer.target import TargetError
+    from trainer.train import GateRefused, TrainInputError
+
+    try:
+        if args.command == "prepare":
+            return _prepare(args)
+        if args.command == "train":
+            return _train(args, argv)
+        return _evaluate(args)
+    except GateRefused as exc:
+        print(f"fleetdeck-train {args.command}: refused: {exc}", file=sys.stderr)
+        return 1
+    except (SpecError, SourceError, PrepareError, TargetError, TrainInputError, DataError,
+            ShardError, CheckpointError, EvaluateError) as exc:
+        print(f"fleetdeck-train {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""The [train] section of run.toml: validated at load, errors naming the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents.runspec import SpecError, load_spec
+from tests.trainer.tinyworld import World
+from trainer.paths import load_train_spec, resolve
+from trainer.target import TargetError, choose_mask_token, layer_ids
+
+
+def spec(tmp_path: Path, train: str, kind: str = "train") -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(f'[run]\nname = "t"\nkind = "{kind}"\ndir = "out"\n{train}')
+    return path
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("", "[train]: missing"),
+    ('[train]\ndata = "d"\ntarget = "t"\nblock_size = 1\n',
+     "[train] block_size: must be at least 2"),
+    ('[train]\ndata = "d"\ntarget = "t"\ntarget_layer_ids = [3, 1]\n',
+     "[train] target_layer_ids: must be distinct, increasing"),
+    ('[train]\ndata = "d"\ntarget = "t"\nmax_under_min_share = 2\n',
+     "[train] max_under_min_share: must be between 0 and 1"),
+    ('[train]\ndata = "d"\ntarget = "t"\nsupervise = "some"\n', "[train] supervise"),
+    ('[train]\ndata = "d"\ntarget = "t"\nlr = "fast"\n', "[train] lr"),
+    ('[train]\ndata = "d"\ntarget = "t"\nepoch = 3\n', "unknown field `epoch`"),
+    ('[train]\ndata = "s3://"\ntarget = "t"\n', "[train] data"),
+])
+def test_bad_train_sections_name_the_key(tmp_path: Path, body: str, message: str) -> None:
+    path = spec(tmp_path, body)
+    with pytest.raises(SpecError) as err:
+        load_spec(path)
+    assert message in str(err.value) and str(path) in str(err.value)
+
+
+def test_paths_resolve_against_the_spec_and_the_run_dir(tmp_path: Path) -> None:
+    (tmp_path / "models" / "q").mkdir(parents=True)
+    path = spec(tmp_path, '[train]\ndata = "batches"\ntarget = "models/q"\n'
+                          'tokenizer = "Qwen/Qwen3-8B"\n')
+    s, cfg = load_train_spec(path)
+    p = resolve(s, cfg)
+    assert p.data == str(tmp_path / "batches") and p.target == str(tmp_path / "models/q")
+    assert p.tokenizer == "Qwen/Qwen3-8B", "a hub id stays a hub id"
+    assert p.prepared == tmp_path / "out" / "prepared"
+    assert p.output == tmp_path / "out" / "checkpoints"
+    assert p.progress == tmp_path / "out" / "progress.json"
+    assert (cfg.block_size, cfg.lr, cfg.warmup_ratio, cfg.anchors, cfg.clip) == (
+        16, 6e-4, 0.04, 512, 1.0)
+
+
+def test_layer_ids_and_mask_token_checked_against_the_target(random_world: World) -> None:
+    with pytest.raises(TargetError, match=r"\[train\] target_layer_ids: \[9\] not in 0..7"):
+        layer_ids(random_world.model, [1, 9], 5)
+    assert layer_ids(random_world.model, [0, 3], 5) == [0, 3]
+    rows = random_world.model.config.vocab_size
+    assert choose_mask_token(None, random_world.tokenizer, rows) == len(random_world.tokenizer)
+    with pytest.raises(TargetError, match=r"\[train\] mask_token_id"):
+        choose_mask_token(rows, random_world.tokenizer, rows)
+    with pytest.raises(TargetError, match=r"\[train\] mask_token_id"):
+        choose_mask_token(None, random_world.tokenizer, len(random_world.tokenizer))

@@ -1,0 +1,150 @@
+"""Checkpoints: `epoch_E_step_S/` folders, the best one, and what a resume reads back.
+
+A checkpoint holds the drafter's weights (`model.safetensors`, without the target's
+embeddings and head, which stay the target's), its `config.json` (Qwen3 fields plus
+`dflash_config`), `training_state.pt` (step, optimizer, schedule, random state) and
+`metrics.json`. A folder appears whole or not at all (written under a temporary name, then
+renamed). `best.json` names the checkpoint with the highest held-out accept length.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from agents.atomic import atomic_write
+
+NAME = re.compile(r"^epoch_(\d+)_step_(\d+)$")
+WEIGHTS = "model.safetensors"
+STATE = "training_state.pt"
+BEST = "best.json"
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+class Metrics(msgspec.Struct):
+    step: int
+    epoch: int
+    loss: float | None
+    accept_length: float | None
+    heldout_accept_length: float | None
+    heldout_accuracy: list[float]
+
+
+class Best(msgspec.Struct):
+    checkpoint: str
+    step: int
+    heldout_accept_length: float | None
+
+
+def name(epoch: int, step: int) -> str:
+    return f"epoch_{epoch}_step_{step}"
+
+
+def step_of(path: Path) -> int:
+    m = NAME.match(path.name)
+    return int(m.group(2)) if m else -1
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and NAME.match(p.name)
+             and (p / WEIGHTS).exists() and (p / STATE).exists()]
+    return sorted(found, key=step_of)
+
+
+def latest(folder: Path) -> Path | None:
+    found = checkpoints(folder)
+    return found[-1] if found else None
+
+
+def read_best(folder: Path) -> Best | None:
+    try:
+        return msgspec.json.decode((folder / BEST).read_bytes(), type=Best)
+    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def save(folder: Path, epoch: int, step: int, drafter: nn.Module, config_json: str,
+         state: dict[str, Any], metrics: Metrics) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / name(epoch, step)
+    tmp = folder / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    weights = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
+    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(config_json)
+    torch.save(state, tmp / STATE)
+    (tmp / "metrics.json").write_bytes(msgspec.json.encode(metrics))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    return final
+
+
+def update_best(folder: Path, ckpt: Path, metrics: Metrics) -> bool:
+    """Record `ckpt` as the best when its held-out accept length beats the best so far
+    (a run without held-out data keeps the latest)."""
+    best = read_best(folder)
+    new = metrics.heldout_accept_length
+    if best is not None and (folder / best.checkpoint).is_dir():
+        old = best.heldout_accept_length
+        if new is None and old is not None:
+            return False
+        if new is not None and old is not None and new <= old:
+            return False
+    atomic_write(folder / BEST, msgspec.json.encode(Best(ckpt.name, metrics.step, new)))
+    return True
+
+
+def prune(folder: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints and the best."""
+    best = read_best(folder)
+    keep = {p.name for p in checkpoints(folder)[-keep_last:]}
+    if best is not None:
+        keep.add(best.checkpoint)
+    for p in checkpoints(folder):
+        if p.name not in keep:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def load_weights(ckpt: Path, drafter: nn.Module) -> None:
+    try:
+        weights = load_file(str(ckpt / WEIGHTS))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{ckpt / WEIGHTS}: cannot read: {exc}") from None
+    missing, unexpected = drafter.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{ckpt / WEIGHTS}: does not fit this drafter "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
+def load_state(ckpt: Path) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = torch.load(ckpt / STATE, weights_only=True)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"{ckpt / STATE}: cannot read: {exc}") from None
+    return state

@@ -1,0 +1,77 @@
+"""progress.json for a training run, in the fleet's conventions (`kind = "train"`).
+
+Written atomically (temp + os.replace) by rank 0: on every update at most every `every_s`
+seconds, always at a checkpoint and at the end, and by a heartbeat thread in between, so
+that `updated_at` stays fresh through a long step, evaluation or checkpoint and the agent
+and console read it like a generation run's heartbeat (agents.schema.TrainProgress).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.atomic import atomic_write
+from agents.schema import RunStatus, TrainProgress, encoder
+
+
+class ProgressWriter:
+    def __init__(self, path: Path, run: str, total_steps: int, epochs: int, world: int,
+                 every_s: float = 2.0) -> None:
+        self.path = path
+        self.every_s = every_s
+        self.started_at = time.time()
+        self._last = 0.0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.state = TrainProgress(
+            step=0, total_steps=total_steps, epoch=0, loss=None, accuracy=[],
+            accept_length=None, tokens_per_s=0.0, lr=0.0, eta_hours=None,
+            last_checkpoint=None, best_checkpoint=None, status="starting",
+            updated_at=self.started_at, run=run, pid=os.getpid(),
+            started_at=self.started_at, epochs=epochs, world_size=world)
+
+    def update(self, force: bool = False, **fields: Any) -> None:
+        with self._lock:
+            for key, value in fields.items():
+                if isinstance(value, float) and not math.isfinite(value):
+                    value = None  # JSON has no NaN; unknown is null
+                setattr(self.state, key, value)
+            if force or time.time() - self._last >= self.every_s:
+                self._write()
+
+    def _write(self) -> None:
+        now = time.time()
+        self.state.updated_at = now
+        self.state.elapsed_hours = (now - self.started_at) / 3600.0
+        # Not fsynced: a heartbeat rewritten every few seconds; the rename keeps it whole.
+        atomic_write(self.path, encoder.encode(self.state), durable=False)
+        self._last = now
+
+    def start_heartbeat(self) -> None:
+        def beat() -> None:
+            while not self._stop.wait(self.every_s):
+                with self._lock:
+                    if time.time() - self._last >= self.every_s:
+                        self._write()
+
+        self._beat = threading.Thread(target=beat, name="progress-heartbeat", daemon=True)
+        self._beat.start()
+
+    def finish(self, status: RunStatus, message: str | None = None) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        self.update(force=True, status=status, message=message)
+
+
+def read_progress(path: Path) -> TrainProgress:
+    return msgspec.json.decode(path.read_bytes(), type=TrainProgress)

@@ -1,0 +1,154 @@
+"""Completion batches as input to data preparation: a local folder or `s3://bucket/prefix`.
+
+S3 objects are copied into a local cache first (kept between runs, an object copied again
+only when its size or ETag changed), because choosing the highest `attempt` per index needs
+two passes over the lines. A line that cannot be read is recorded with its file and line
+number, never raised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.schema import BatchLine, batch_line_decoder, line_key_decoder
+
+# Closed batches only (the engine's names): an open `.partial` batch may end in a torn line
+# and is still growing, and the run directory's other JSONL files are not completions.
+BATCH_FILE = re.compile(r"^completions_\d+\.jsonl$")
+
+
+class SourceError(ValueError):
+    """The source as a whole cannot be read (no such folder, no bucket, no batch files)."""
+
+
+@dataclass
+class BadLine:
+    where: str
+    reason: str
+
+
+@dataclass
+class ReadStats:
+    lines: int = 0
+    superseded: int = 0
+    bad: int = 0
+    bad_examples: list[BadLine] = field(default_factory=list)
+
+    def record_bad(self, where: str, reason: str, keep: int = 100) -> None:
+        self.bad += 1
+        if len(self.bad_examples) < keep:
+            self.bad_examples.append(BadLine(where, reason))
+
+
+def _s3_parts(url: str) -> tuple[str, str]:
+    rest = url[len("s3://"):]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise SourceError(f"{url}: names no bucket (s3://bucket/prefix)")
+    return bucket, prefix
+
+
+def fetch_s3(url: str, cache: Path, endpoint_url: str | None = None,
+             client: Any = None) -> Path:
+    """Copy the batch objects under an S3 prefix into `cache`; return that folder."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from agents.engine.uploader import make_s3_client
+    from agents.runspec import S3Section
+
+    bucket, prefix = _s3_parts(url)
+    if client is None:
+        client = make_s3_client(S3Section(bucket=bucket, endpoint_url=endpoint_url))
+    cache.mkdir(parents=True, exist_ok=True)
+    etags = cache / ".etags.json"
+    known: dict[str, str] = {}
+    if etags.exists():
+        try:
+            known = msgspec.json.decode(etags.read_bytes(), type=dict[str, str])
+        except msgspec.DecodeError:
+            known = {}
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                # Batches sit right under the prefix (the engine's key is prefix + name);
+                # "runs/gen10/..." is not under "runs/gen1".
+                name = key[len(prefix):].lstrip("/")
+                if "/" in name or not BATCH_FILE.search(name):
+                    continue
+                local = cache / name
+                stamp = f"{obj['Size']}:{obj.get('ETag', '')}"
+                if local.exists() and known.get(name) == stamp:
+                    continue
+                tmp = local.with_name(f".{name}.part")
+                client.download_file(bucket, key, str(tmp))
+                tmp.replace(local)
+                known[name] = stamp
+    except (BotoCoreError, ClientError) as exc:
+        where = endpoint_url or "AWS"
+        raise SourceError(f"{url} at {where}: {exc}") from None
+    finally:
+        etags.write_bytes(msgspec.json.encode(known))
+    return cache
+
+
+def batch_files(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        raise SourceError(f"{folder}: no such folder")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and BATCH_FILE.search(p.name))
+    if not files:
+        raise SourceError(f"{folder}: no completion batches (completions_*.jsonl)")
+    return files
+
+
+def _lines(path: Path, stats: ReadStats) -> Iterator[tuple[int, bytes]]:
+    try:
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if raw.strip():
+                    yield lineno, raw
+    except OSError as exc:
+        stats.record_bad(f"{path}", f"unreadable: {exc.strerror or exc}")
+
+
+def current_lines(files: list[Path], stats: ReadStats) -> Iterator[tuple[str, BatchLine]]:
+    """Yield (file:line, batch line) for the highest attempt of every index.
+
+    Pass one decodes only `index` and `attempt`; pass two decodes the winning lines fully.
+    """
+    best: dict[int, tuple[int, int, int]] = {}
+    for fno, path in enumerate(files):
+        for lineno, raw in _lines(path, stats):
+            stats.lines += 1
+            try:
+                key = line_key_decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                stats.record_bad(f"{path}:{lineno}", f"malformed line: {exc}")
+                continue
+            seen = best.get(key.index)
+            if seen is not None:
+                stats.superseded += 1
+                if key.attempt < seen[0]:
+                    continue
+            best[key.index] = (key.attempt, fno, lineno)
+    wanted: dict[int, set[int]] = {}
+    for _attempt, fno, lineno in best.values():
+        wanted.setdefault(fno, set()).add(lineno)
+    for fno, path in enumerate(files):
+        lines = wanted.get(fno)
+        if not lines:
+            continue
+        for lineno, raw in _lines(path, ReadStats()):
+            if lineno not in lines:
+                continue
+            try:
+                yield f"{path}:{lineno}", batch_line_decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                stats.record_bad(f"{path}:{lineno}", f"malformed batch line: {exc}")

@@ -1,0 +1,370 @@
+"""`fleetdeck-train train`: the DFlash drafter trained online against the frozen target.
+
+Each step the target runs on the batch under inference mode and gives the hidden states of
+the chosen layers (nothing goes to disk); anchors are drawn again among answer positions;
+the drafter's blocks are scored with the decayed loss. AdamW, cosine schedule with warmup,
+gradient clipping and accumulation, DDP under torchrun. The anchors of a step come from a
+generator seeded by (seed, rank, step, micro-batch) and the data order from (seed, epoch),
+so `--resume` from a checkpoint continues exactly as if the run had not stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from agents.ewma import EwmaRate
+from agents.runspec import RunSpec, TrainSection
+from trainer import checkpoint as ckpt
+from trainer import distributed
+from trainer.blocks import default_gamma, position_weights, sample_anchors
+from trainer.data import StepPlan, load_batch
+from trainer.distributed import Dist
+from trainer.drafter import DFlashDrafter, DFlashSettings, drafter_config
+from trainer.objective import BlockStats, block_loss
+from trainer.paths import TrainPaths, resolve
+from trainer.progress import ProgressWriter
+from trainer.report import REPORT_NAME, report_decoder
+from trainer.shards import ShardSet
+from trainer.target import (
+    choose_mask_token,
+    embeddings,
+    features,
+    layer_ids,
+    lm_head,
+    load_target,
+)
+
+log = logging.getLogger("fleetdeck.train")
+
+
+class TrainInputError(ValueError):
+    """Inputs that cannot start a run (exit 2)."""
+
+
+class GateRefused(RuntimeError):
+    """The prepared data set failed the quality gate (exit 1)."""
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    resume: bool = False
+    # Steps to run in this invocation before checkpointing and stopping (then --resume).
+    steps: int | None = None
+    max_steps: int | None = None
+
+
+def warmup_cosine(total: int, warmup_ratio: float) -> Callable[[int], float]:
+    warm = max(1, round(total * warmup_ratio)) if warmup_ratio > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def anchor_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[Any]:
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[list[bool]]:
+    """SIGTERM/SIGINT ask for a stop at the end of the current step (after a checkpoint)."""
+    flag = [False]
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        flag[0] = True
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield flag
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class Trainer:
+    """One training run on one rank; `run()` returns the final status."""
+
+    def __init__(self, spec: RunSpec, cfg: TrainSection, opts: TrainOptions, d: Dist) -> None:
+        self.spec, self.cfg, self.opts, self.d = spec, cfg, opts, d
+        self.paths: TrainPaths = resolve(spec, cfg)
+        self.device = d.device
+        self.dtype = resolve_dtype(cfg.dtype, d.device)
+        self._check_prepared()
+        self.train_set = ShardSet(self.paths.prepared, "train")
+        self.heldout = ShardSet(self.paths.prepared, "heldout")
+        self.target = load_target(self.paths.target, self.dtype, self.device)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(self.paths.tokenizer)
+        rows = int(self.target.get_input_embeddings().weight.shape[0])
+        self.settings = DFlashSettings(
+            cfg.block_size, choose_mask_token(cfg.mask_token_id, tok, rows),
+            layer_ids(self.target, cfg.target_layer_ids, cfg.target_features))
+        self.drafter_cfg = drafter_config(self.target.config, cfg.drafter_layers, self.settings)
+        torch.manual_seed(cfg.seed)
+        self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
+        self.embed, self.head = embeddings(self.target), lm_head(self.target)
+        self.weights = position_weights(cfg.block_size,
+                                        cfg.gamma or default_gamma(cfg.block_size))
+        self.plan = StepPlan(len(self.train_set), d.world, d.rank, cfg.batch_size,
+                             cfg.grad_accum, cfg.epochs, cfg.seed,
+                             opts.max_steps or cfg.max_steps)
+        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr,
+                                     weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, warmup_cosine(self.plan.total_steps, cfg.warmup_ratio))
+        self.step = 0
+        self.last_ckpt: str | None = None
+        self._resume_or_refuse()
+        self.model: nn.Module = self.drafter
+        if d.enabled:
+            self.model = nn.parallel.DistributedDataParallel(
+                self.drafter, device_ids=[self.device.index] if self.device.type == "cuda"
+                else None)
+        self.progress = (ProgressWriter(self.paths.progress, spec.run.name,
+                                        self.plan.total_steps, cfg.epochs, d.world)
+                         if d.main else None)
+
+    # -- set-up --------------------------------------------------------------------------
+
+    def _check_prepared(self) -> None:
+        path = self.paths.prepared / REPORT_NAME
+        try:
+            report = report_decoder.decode(path.read_bytes())
+        except FileNotFoundError:
+            raise TrainInputError(f"{path}: missing; run `fleetdeck-train prepare` first") \
+                from None
+        except Exception as exc:  # msgspec decode and validation errors
+            raise TrainInputError(f"{path}: unreadable: {exc}") from None
+        if not report.gate.passed:
+            raise GateRefused(f"{path}: the data set failed the quality gate: "
+                              f"{report.gate.reason}")
+        if report.block_size != self.cfg.block_size:
+            raise TrainInputError(
+                f"{path}: prepared for block_size {report.block_size}, but [train] "
+                f"block_size is {self.cfg.block_size}; run prepare again")
+
+    def _resume_or_refuse(self) -> None:
+        out = self.paths.output
+        last = ckpt.latest(out)
+        if not self.opts.resume:
+            if last is not None:
+                raise TrainInputError(f"{out}: holds checkpoints ({last.name}); pass --resume "
+                                      "to continue them, or move them away to start over")
+            return
+        if last is None:
+            log.info("nothing to resume in %s: starting from step 0", out)
+            return
+        state = ckpt.load_state(last)
+        if state.get("world_size") != self.d.world:
+            raise TrainInputError(
+                f"{last}: written by {state.get('world_size')} processes, this run has "
+                f"{self.d.world}; resume with the same [train] nproc to continue exactly")
+        if state.get("total_steps") != self.plan.total_steps:
+            raise TrainInputError(
+                f"{last}: planned {state.get('total_steps')} steps, this run plans "
+                f"{self.plan.total_steps}: the data or [train] epochs/batch changed")
+        ckpt.load_weights(last, self.drafter)
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        ckpt.restore_rng(state["rng"])
+        self.step = int(state["step"])
+        self.last_ckpt = last.name
+        log.info("resumed from %s at step %d", last, self.step)
+
+    # -- one step ------------------------------------------------------------------------
+
+    def _batch_stats(self, model: nn.Module, shards: ShardSet, rows: list[int],
+                     seed: int) -> tuple[torch.Tensor, BlockStats]:
+        batch = load_batch(shards, rows).to(self.device)
+        feats = features(self.target, batch.input_ids, batch.attention_mask,
+                         self.settings.target_layer_ids)
+        anchors = sample_anchors(batch.loss_mask.cpu(), batch.lengths.cpu(), self.cfg.anchors,
+                                 self.cfg.block_size, torch.Generator().manual_seed(seed))
+        with autocast(self.device, self.dtype):
+            return block_loss(model, self.embed, self.head, feats, batch, anchors,
+                              self.settings.mask_token_id, self.weights)
+
+    def train_step(self) -> BlockStats:
+        self.model.train()
+        stats = BlockStats(self.cfg.block_size)
+        accum = self.cfg.grad_accum
+        for micro in range(accum):
+            rows = self.plan.rows(self.step, micro)
+            seed = anchor_seed(self.cfg.seed, self.d.rank, self.step, micro)
+            last = micro == accum - 1
+            sync = (self.model.no_sync()  # type: ignore[operator]
+                    if self.d.enabled and not last else contextlib.nullcontext())
+            with sync:
+                loss, s = self._batch_stats(self.model, self.train_set, rows, seed)
+                (loss / accum).backward()
+            stats.add(s)
+        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.step += 1
+        stats.values = distributed.all_sum(stats.values, self.d)
+        return stats
+
+    def heldout_stats(self) -> BlockStats | None:
+        """Block-prefix accept length on the first `eval_samples` held-out samples, with
+        the same anchors every time so checkpoints compare."""
+        n = min(self.cfg.eval_samples, len(self.heldout))
+        if n == 0:
+            return None
+        self.drafter.eval()
+        total = BlockStats(self.cfg.block_size)
+        mine = list(range(self.d.rank, n, self.d.world))
+        with torch.no_grad():
+            for i in range(0, len(mine), self.cfg.batch_size):
+                rows = mine[i: i + self.cfg.batch_size]
+                _, s = self._batch_stats(self.drafter, self.heldout, rows,
+                                         anchor_seed(self.cfg.seed, 7919, rows[0]))
+                total.add(s)
+        total.values = distributed.all_sum(total.values, self.d)
+        self.drafter.train()
+        return total
+
+    # -- checkpoints and progress --------------------------------------------------------
+
+    def checkpoint(self, window: BlockStats) -> None:
+        held = self.heldout_stats()
+        epoch = self.plan.epoch_of(self.step - 1)
+        metrics = ckpt.Metrics(self.step, epoch, window.loss, window.accept_length,
+                               held.accept_length if held else None,
+                               held.accuracy if held else [])
+        out = self.paths.output
+        if self.d.main:
+            state = {"step": self.step, "epoch": epoch, "total_steps": self.plan.total_steps,
+                     "world_size": self.d.world, "optimizer": self.opt.state_dict(),
+                     "scheduler": self.sched.state_dict(), "rng": ckpt.rng_state(),
+                     "seed": self.cfg.seed}
+            path = ckpt.save(out, epoch, self.step, self.drafter,
+                             self.drafter_cfg.to_json_string(), state, metrics)
+            ckpt.update_best(out, path, metrics)
+            ckpt.prune(out, self.cfg.keep_last)
+            self.last_ckpt = path.name
+            best = ckpt.read_best(out)
+            log.info("checkpoint %s: held-out accept length %s", path.name,
+                     "n/a" if held is None else f"{held.accept_length:.3f}")
+            if self.progress is not None:
+                self.progress.update(
+                    force=True, last_checkpoint=str(path),
+                    best_checkpoint=str(out / best.checkpoint) if best else None,
+                    best_accept_length=best.heldout_accept_length if best else None,
+                    heldout_accept_length=metrics.heldout_accept_length)
+        distributed.barrier(self.d)
+
+    def run(self) -> str:
+        cfg, plan = self.cfg, self.plan
+        window = BlockStats(cfg.block_size)
+        tokens = EwmaRate(tau_s=30.0)
+        step_s: float | None = None
+        ran = 0
+        status = "done"
+        if self.progress is not None:
+            out = self.paths.output
+            best = ckpt.read_best(out) if self.last_ckpt else None
+            self.progress.start_heartbeat()
+            self.progress.update(
+                force=True, status="running", step=self.step,
+                epoch=plan.epoch_of(min(self.step, plan.total_steps - 1)),
+                last_checkpoint=str(out / self.last_ckpt) if self.last_ckpt else None,
+                best_checkpoint=str(out / best.checkpoint) if best else None,
+                best_accept_length=best.heldout_accept_length if best else None)
+        last_log = 0.0
+        with stop_on_signals() as stop_flag:
+            while self.step < plan.total_steps:
+                t0 = time.monotonic()
+                lr = float(self.sched.get_last_lr()[0])
+                stats = self.train_step()
+                ran += 1
+                # A decayed window: the console sees recent accuracy, not the lifetime mean.
+                window.values = window.values * 0.9 + stats.values
+                tokens.add(stats.tokens)
+                dt = time.monotonic() - t0
+                step_s = dt if step_s is None else 0.9 * step_s + 0.1 * dt
+                stop = distributed.any_rank(stop_flag[0], self.d)
+                budget = self.opts.steps is not None and ran >= self.opts.steps
+                done = self.step >= plan.total_steps
+                if self.step % cfg.save_every == 0 or done or stop or budget:
+                    self.checkpoint(window)
+                if self.progress is not None:
+                    rate = tokens.tick()
+                    self.progress.update(
+                        status="running", step=self.step, epoch=plan.epoch_of(self.step - 1),
+                        loss=window.loss, accuracy=window.accuracy,
+                        accept_length=window.accept_length, tokens_per_s=rate, lr=lr,
+                        steps_per_s=1.0 / step_s if step_s else 0.0,
+                        eta_hours=(plan.total_steps - self.step) * step_s / 3600.0)
+                    if time.monotonic() - last_log > 10 or done:
+                        last_log = time.monotonic()
+                        log.info("step %d/%d loss %.4f accept %.2f tok/s %.0f lr %.2e",
+                                 self.step, plan.total_steps, window.loss or float("nan"),
+                                 window.accept_length or float("nan"), rate, lr)
+                if (stop or budget) and not done:
+                    status = "stopped"
+                    break
+        if self.progress is not None:
+            why = None if status == "done" else f"stopped at step {self.step}; --resume goes on"
+            self.progress.finish("done" if status == "done" else "stopped", why)
+        return status
+
+
+def _refused(spec: RunSpec, cfg: TrainSection, d: Dist, message: str) -> None:
+    """Refused before a run ever began (gate, inputs): say why in progress.json. An existing
+    one belongs to a run that did begin (maybe still going): a mistaken second `train` must
+    not overwrite it."""
+    path = resolve(spec, cfg).progress
+    if path.exists():
+        return
+    try:
+        ProgressWriter(path, spec.run.name, 0, cfg.epochs, d.world).finish("failed", message)
+    except OSError:
+        pass
+
+
+def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
+    d = distributed.init()
+    trainer: Trainer | None = None
+    try:
+        trainer = Trainer(spec, cfg, opts, d)
+        return trainer.run()
+    except BaseException as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        if trainer is not None and trainer.progress is not None:
+            trainer.progress.finish("failed", message)
+        elif d.main:
+            _refused(spec, cfg, d, message)
+        raise
+    finally:
+        distributed.close(d)
