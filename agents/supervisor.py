@@ -8,6 +8,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -138,13 +139,21 @@ class Supervisor:
         self.engine_task.add_done_callback(self._job_ended)
 
     def _start_trainer(self) -> None:
+        """The training job: prepare (the quality gate can stop it here), then train; a
+        resumed job continues from its last checkpoint."""
         logfile = self.run_dir / "logs" / "train.log"
         logfile.parent.mkdir(exist_ok=True)
+        spec = shlex.quote(str(self.run_dir / "run.toml"))
+        py = shlex.quote(sys.executable)
+        train = f"exec {py} -m trainer.cli train {spec}"
+        if (self.run_dir / "progress.json").exists() and read_train_progress(self.run_dir):
+            train += " --resume"
+        report = self.run_dir / "prepared" / "prepare_report.json"
+        script = train if report.exists() else f"{py} -m trainer.cli prepare {spec} && {train}"
         with open(logfile, "ab") as out:
             self.train_proc = subprocess.Popen(
-                [sys.executable, "-m", "trainer.cli", "train", str(self.run_dir / "run.toml")],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.run_dir, start_new_session=True)
+                ["/bin/sh", "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=self.run_dir, start_new_session=True)
         self.status = "running"
 
     def _job_ended(self, task: asyncio.Task[int]) -> None:
