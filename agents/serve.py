@@ -77,8 +77,10 @@ class StdioSession:
                 await self.out.drain()
         except (ConnectionError, OSError, ValueError):
             pass
-        # The supervisor went away: answer from disk from now on.
+        # The supervisor went away: answer (and push, for a subscriber) from disk from now on.
         self.upstream = None
+        if self.subscribed and self._push is None:
+            self._push = asyncio.create_task(self._push_from_disk())
 
     async def _forward(self, req: dict[str, Any]) -> None:
         assert self.upstream is not None

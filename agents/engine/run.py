@@ -229,6 +229,10 @@ class Engine:
             self.journal.close()
             if self.uploader:
                 self.uploader.close()
+            if self._lock_fd >= 0:
+                # Released, so the supervisor's next engine (stop, then resume) can take it.
+                os.close(self._lock_fd)
+                self._lock_fd = -1
         log.info("engine exits with status %s", self.status)
         return 0 if self.status in ("done", "stopped") else 1
 

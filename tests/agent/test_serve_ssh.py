@@ -140,3 +140,22 @@ async def test_serve_without_a_supervisor_answers_from_disk(sshd: SshServer, sup
         assert len(samples) == 3 and all("content_head" in x for x in samples)
     control = json.loads((run.run_dir / "control.json").read_text())
     assert control["concurrency"]["default"] == 3
+
+
+async def test_subscriber_keeps_getting_status_after_the_supervisor_goes(sshd: SshServer,
+                                                                         supervised) -> None:
+    run = supervised(1, prompts=30)
+    assert agent("up", str(run.spec)).returncode == 0
+    await asyncio.to_thread(wait_status, run.run_dir, lambda s: s["status"] == "done", 60, "done")
+    async with _connect(sshd) as conn:
+        s = await _open(conn, str(run.run_dir))
+        assert (await s.call("subscribe"))["result"]["source"] == "supervisor"
+        assert agent("down", str(run.run_dir), "--yes").returncode == 0
+        for _ in range(40):
+            note = await s.notification(timeout=10)
+            if note["params"]["source"] == "disk":
+                break
+        else:
+            raise AssertionError("no status from disk after the supervisor went")
+        assert note["params"]["progress"]["completed"] == 30
+        assert note["params"]["status"] == "done"
