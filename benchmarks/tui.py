@@ -1,0 +1,326 @@
+"""TUI cost: a simulated fleet of 32 nodes x 8 GPUs, each node pushing a status snapshot
+once a second, fed to the fleetdeck TUI as in real use (the JSON-RPC line decoded by msgspec,
+as AgentLink does, then FleetState.apply, the history, and the coalesced redraw), headless.
+
+Measured, per phase: the CPU share of one core (process_time / wall) and the 95th percentile
+of the work one update costs to reach the screen: its decode + apply, plus the redraw tick
+that draws it (redraws are coalesced to 4 a second, so one tick draws many updates). Phases:
+the fleet view (32 rows), then one generation node's view (8 GPU rows, run panel,
+sparklines); then the baseline, a bare Textual DataTable with the same 10 columns fed the same
+lines in the same run, decoding each line and updating its row's cells at once.
+
+Headless Textual composes every frame but writes no terminal output; both apps here also
+encode each frame to terminal escape sequences (thrown away), so that cost is counted too.
+
+    .venv/bin/python benchmarks/tui.py [--seconds 20] [--nodes 32] [--gpus 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from console import app as app_module  # noqa: E402
+from console.app import FleetdeckApp  # noqa: E402
+from console.fleet import ConsoleSettings, Fleet, Node  # noqa: E402
+from console.widgets.fleet_table import FLEET_COLUMNS  # noqa: E402
+
+SIZE = (160, 48)
+T0 = time.time()
+
+
+# -- the simulated fleet ---------------------------------------------------------------------
+
+
+def make_fleet(n: int) -> Fleet:
+    return Fleet(nodes=[Node(name=f"gen-{i:02d}", run_dir=f"/data/runs/r{i}", host=f"gpu-{i}")
+                        for i in range(n)],
+                 console=ConsoleSettings(bell=False), source="benchmark")
+
+
+def make_lines(nodes: int, gpus: int, seconds: int, seed: int = 7) -> list[list[bytes]]:
+    """lines[s][i]: node i's status notification at second s, as the agent sends it."""
+    rng = random.Random(seed)
+    enc = msgspec.json.Encoder()
+    out: list[list[bytes]] = []
+    completed = [rng.randint(10_000, 400_000) for _ in range(nodes)]
+    failed = [rng.randint(0, 900) for _ in range(nodes)]
+    for s in range(seconds):
+        row = []
+        for i in range(nodes):
+            now = T0 + s
+            done = rng.randint(8, 20)
+            completed[i] += done
+            failed[i] += 1 if rng.random() < 0.05 else 0
+            servers = []
+            sp = {}
+            for g in range(gpus):
+                tok = 2200 + rng.uniform(-150, 150)
+                acc = 3.0 + rng.uniform(-0.1, 0.1)
+                servers.append({
+                    "number": g, "url": f"http://127.0.0.1:{30000 + g}", "state": "healthy",
+                    "gpu": g, "port": 30000 + g, "pid": 1000 + g, "restarts": 0,
+                    "in_flight": rng.randint(36, 40), "limit": 40, "completed": completed[i] // 8,
+                    "failed": failed[i] // 8, "req_per_s": done / gpus, "tok_per_s": tok,
+                    "queued_reqs": rng.randint(0, 6), "accept_length": acc,
+                    "accept_length_window": acc, "metrics_at": now, "health_checked_at": now,
+                    "gpu_stats": {"util_pct": rng.uniform(90, 100), "mem_used_mib": 170_000.0,
+                                  "mem_total_mib": 183_359.0, "temp_c": rng.uniform(58, 70),
+                                  "power_w": rng.uniform(850, 950)}})
+                sp[str(g)] = {"url": "", "state": "healthy", "in_flight": 40, "limit": 40,
+                              "completed": completed[i] // 8, "failed": failed[i] // 8,
+                              "req_per_s": done / gpus, "tok_per_s": tok, "accept_length": acc}
+            c = completed[i]
+            progress = {
+                "total": 913_786, "completed": c, "failed": failed[i],
+                "rate_per_sec": float(done), "eta_hours": (913_786 - c) / done / 3600,
+                "total_input_tokens": c * 255, "total_output_tokens": c * 1800,
+                "avg_output_tokens": 1800.0, "elapsed_hours": 3.0, "s3_uploaded": c // 500,
+                "s3_bytes": c * 8000, "status": "running", "truncated": c // 6,
+                "empty": c // 300, "max_tokens": 8192, "concurrency": 40,
+                "in_flight": 40 * gpus, "retried": 0, "s3_pending": 1, "control_rev": 3,
+                "updated_at": now, "servers": sp, "run": f"run-{i}"}
+            alerts = ([{"code": "failure_rate", "severity": "warning", "message": "failures up",
+                        "since": T0}] if i % 11 == 3 else [])
+            snap = {"kind": "generate", "run": f"run-{i}", "run_dir": f"/data/runs/r{i}",
+                    "host": f"gpu-{i}", "status": "running", "updated_at": now,
+                    "source": "supervisor", "agent_version": "0.1.0", "progress": progress,
+                    "progress_age_s": 0.3, "servers": servers, "alerts": alerts,
+                    "disk": {"path": "/data", "free_bytes": 10**12, "total_bytes": 4 * 10**12}}
+            row.append(b'{"jsonrpc":"2.0","method":"status","params":' + enc.encode(snap)
+                       + b"}\n")
+        out.append(row)
+    return out
+
+
+# -- counting the terminal output headless mode skips ----------------------------------------
+
+
+def encode_frames(app: App[Any]) -> None:
+    """Encode each composed frame to escape sequences as a terminal app would (dropped)."""
+    from textual._compositor import CompositorUpdate
+
+    display = app._display
+    sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the app
+
+    def encoded(screen: Any, renderable: Any) -> None:
+        display(screen, renderable)
+        if isinstance(renderable, CompositorUpdate):
+            sink.write(renderable.render_segments(app.console))
+
+    app._display = encoded  # type: ignore[method-assign]
+
+
+# -- feeding ---------------------------------------------------------------------------------
+
+
+async def feed(lines: list[list[bytes]], names: list[str], seconds: float,
+               apply: Callable[[str, bytes], None]) -> tuple[float, float, int]:
+    """Each node's update at its own offset within each second. Returns (wall, cpu, count)."""
+    n = len(names)
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
+    count = 0
+    for s in range(int(seconds)):
+        for i, name in enumerate(names):
+            due = start_wall + s + i / n
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            apply(name, lines[s % len(lines)][i])
+            count += 1
+    await asyncio.sleep(max(0.0, start_wall + int(seconds) - time.perf_counter()))
+    return time.perf_counter() - start_wall, time.process_time() - start_cpu, count
+
+
+class Timed:
+    """FleetdeckApp's costs, per update and per redraw, on the real code paths."""
+
+    def __init__(self, app: FleetdeckApp) -> None:
+        self.app = app
+        self.applies: list[float] = []  # decode + FleetState.apply + history, per update
+        self.pending: list[float] = []  # applies since the last redraw
+        self.composite: list[float] = []  # an update's apply + the whole redraw that drew it
+        self.shared: list[float] = []  # an update's apply + its share of that redraw
+        self.redraws: list[float] = []
+        self.recording = False
+        redraw = app.redraw
+
+        def timed_redraw() -> None:
+            t = time.perf_counter()
+            redraw()
+            dt = time.perf_counter() - t
+            if self.recording:
+                self.redraws.append(dt)
+                self.composite += [a + dt for a in self.pending]
+                self.shared += [a + dt / len(self.pending) for a in self.pending]
+            self.pending.clear()
+
+        app.redraw = timed_redraw  # type: ignore[method-assign]
+
+    def apply(self, name: str, line: bytes) -> None:
+        t = time.perf_counter()
+        msg = msgspec.json.decode(line)  # what AgentLink._read_loop does with each line
+        self.app.ingest(name, msg["params"])
+        dt = time.perf_counter() - t
+        if self.recording:
+            self.applies.append(dt)
+            self.pending.append(dt)
+
+    def reset(self) -> None:
+        self.applies, self.pending, self.composite, self.shared, self.redraws = \
+            [], [], [], [], []
+
+
+async def run_fleetdeck(lines: list[list[bytes]], names: list[str], seconds: float,
+                        node_seconds: float) -> list[dict[str, Any]]:
+    fleet = make_fleet(len(names))
+    app = FleetdeckApp(fleet, connect=False)
+    encode_frames(app)
+    timed = Timed(app)
+    results = []
+    async with app.run_test(size=SIZE) as pilot:
+        for name in names:
+            app.state.set_link(name, "connected", None)
+        timed.recording = False
+        await feed(lines, names, 1, timed.apply)  # warm-up: rows created, columns sized
+        await pilot.pause()
+        timed.reset()
+        timed.recording = True
+        wall, cpu, count = await feed(lines, names, seconds, timed.apply)
+        results.append(summary("fleetdeck: fleet view (32 rows)", wall, cpu, count, timed))
+        await pilot.press("enter")  # the first node's screen
+        await pilot.pause()
+        timed.recording = False
+        await feed(lines, names, 1, timed.apply)
+        timed.reset()
+        timed.recording = True
+        wall, cpu, count = await feed(lines, names, node_seconds, timed.apply)
+        results.append(summary("fleetdeck: node view (8 GPUs)", wall, cpu, count, timed))
+        assert not app.render_errors, app.render_errors
+    return results
+
+
+def p95(xs: list[float]) -> float:
+    if not xs:
+        return float("nan")
+    return statistics.quantiles(xs, n=20, method="inclusive")[18] if len(xs) > 1 else xs[0]
+
+
+def summary(label: str, wall: float, cpu: float, count: int, timed: Timed) -> dict[str, Any]:
+    return {"label": label, "cpu": cpu / wall, "count": count, "wall": wall,
+            "p95_apply": p95(timed.applies), "p95_redraw": p95(timed.redraws),
+            "p95_share": p95(timed.shared), "p95_update": p95(timed.composite),
+            "redraws": len(timed.redraws)}
+
+
+# -- the baseline: a bare DataTable ----------------------------------------------------------
+
+
+class BareTable(App[None]):
+    def compose(self) -> ComposeResult:
+        yield DataTable(cursor_type="row")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        for key, label, _width in FLEET_COLUMNS:
+            table.add_column(label, key=key)
+
+
+def bare_row(name: str, snap: dict[str, Any]) -> tuple[str, ...]:
+    p = snap["progress"]
+    return (name, "generate", snap["run"], snap["status"],
+            f"{100 * p['completed'] / p['total']:.1f}% {p['completed']}/{p['total']}",
+            f"{p['rate_per_sec']:.1f}/s", f"{p['eta_hours']:.1f} h",
+            f"{p['failed']} ({100 * p['failed'] / max(1, p['completed']):.2f}%)",
+            str(len(snap["alerts"])), "0 s")
+
+
+async def run_bare(lines: list[list[bytes]], names: list[str], seconds: float
+                   ) -> dict[str, Any]:
+    app = BareTable()
+    encode_frames(app)
+    times: list[float] = []
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one(DataTable)
+        for name in names:
+            table.add_row(*([""] * len(FLEET_COLUMNS)), key=name)
+        await pilot.pause()
+
+        def apply(name: str, line: bytes) -> None:
+            t = time.perf_counter()
+            snap = msgspec.json.decode(line)["params"]
+            for (key, _l, _w), cell in zip(FLEET_COLUMNS, bare_row(name, snap), strict=True):
+                table.update_cell(name, key, cell, update_width=True)
+            times.append(time.perf_counter() - t)
+
+        await feed(lines, names, 1, apply)
+        times.clear()
+        wall, cpu, count = await feed(lines, names, seconds, apply)
+    return {"label": "baseline: bare DataTable", "cpu": cpu / wall, "count": count,
+            "wall": wall, "p95_apply": p95(times), "p95_redraw": float("nan"),
+            "p95_share": p95(times), "p95_update": p95(times), "redraws": 0}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0,
+                        help="per app; the fleetdeck run splits it 60/40 between the views")
+    parser.add_argument("--nodes", type=int, default=32)
+    parser.add_argument("--gpus", type=int, default=8)
+    args = parser.parse_args()
+    fleet_s = max(2, round(args.seconds * 0.6))
+    node_s = max(2, round(args.seconds) - fleet_s)
+    names = [f"gen-{i:02d}" for i in range(args.nodes)]
+    lines = make_lines(args.nodes, args.gpus, int(args.seconds) + 2)
+    size_kb = sum(len(x) for x in lines[0]) / len(lines[0]) / 1024
+    print(f"TUI benchmark: {args.nodes} nodes x {args.gpus} GPUs, one status line per node "
+          f"per second ({size_kb:.1f} KiB each), {SIZE[0]}x{SIZE[1]} headless, frames "
+          f"encoded to escape sequences; redraw every {app_module.REDRAW_S} s; "
+          f"{fleet_s} s fleet view + {node_s} s node view, then {int(args.seconds)} s "
+          "bare DataTable", flush=True)
+    ours = asyncio.run(run_fleetdeck(lines, names, fleet_s, node_s))
+    bare = asyncio.run(run_bare(lines, names, int(args.seconds)))
+    print("\ncolumns: CPU share of one core; p95 of an update's decode + state; of a redraw "
+          "tick; of one update's cost to the screen (decode + state + its share of the tick "
+          "that drew it; the bare table: decode + its row's update_cell calls); of the worst "
+          "bound (decode + state + the whole tick)")
+    print(f"{'':32} {'CPU':>6} {'apply':>9} {'redraw':>9} {'update':>9} {'bound':>9} "
+          f"{'updates':>8} {'redraws':>8}")
+
+    def ms(x: float) -> str:
+        return f"{x * 1000:6.2f} ms" if x == x else f"{'-':>9}"
+
+    for r in [*ours, bare]:
+        print(f"{r['label']:32} {r['cpu'] * 100:5.1f}% {ms(r['p95_apply'])} "
+              f"{ms(r['p95_redraw'])} {ms(r['p95_share'])} {ms(r['p95_update'])} "
+              f"{r['count']:8d} {r['redraws']:8d}")
+    print()
+    for r in ours:
+        print(f"{r['label']}: CPU {r['cpu'] / bare['cpu']:.2f}x the bare DataTable's; p95 per "
+              f"update {r['p95_share'] / bare['p95_share']:.2f}x, worst bound "
+              f"{r['p95_update'] / bare['p95_update']:.2f}x")
+    worst_cpu = max(r["cpu"] for r in ours)
+    worst_p95 = max(r["p95_update"] for r in ours)
+    print(f"targets: CPU < 20% of a core: {'met' if worst_cpu < 0.2 else 'MISSED'} "
+          f"({worst_cpu * 100:.1f}%); p95 < 50 ms: "
+          f"{'met' if worst_p95 < 0.05 else 'MISSED'} ({worst_p95 * 1000:.1f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Messages the console's workers post to the app: link changes, fetched data, action
+results. Workers never touch widgets; the app turns these into state and notifications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+
+
+class LinkChanged(Message):
+    def __init__(self, node: str, state: str, error: str | None) -> None:
+        super().__init__()
+        self.node, self.state, self.error = node, state, error
+
+
+class HistoryFetched(Message):
+    def __init__(self, node: str, items: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.node, self.items = node, items
+
+
+class LogFetched(Message):
+    def __init__(self, node: str, name: str, reply: dict[str, Any]) -> None:
+        super().__init__()
+        self.node, self.name, self.reply = node, name, reply
+
+
+class SamplesFetched(Message):
+    def __init__(self, node: str, reply: dict[str, Any]) -> None:
+        super().__init__()
+        self.node, self.reply = node, reply
+
+
+class ActionReport(Message):
+    """An action's outcome, for a notification: the agent's answer or its error."""
+
+    def __init__(self, node: str, text: str, ok: bool = True) -> None:
+        super().__init__()
+        self.node, self.text, self.ok = node, text, ok

@@ -1,0 +1,1 @@
+"""The console's screens: the fleet, a generation node, a training node."""

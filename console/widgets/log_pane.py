@@ -1,0 +1,24 @@
+"""A log tail of the run (the `logs` RPC): the engine's log or one server's."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Label, Log
+
+
+class LogPane(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Label("press l for the log tail (the selected GPU's server log when the GPU "
+                    "table has focus)", id="log-title", classes="pane-title")
+        yield Log(id="log", max_lines=5000, auto_scroll=True)
+
+    def show(self, name: str, path: str, lines: list[str]) -> None:
+        self.query_one("#log-title", Label).update(f"{name}  ({path}, last {len(lines)} lines)")
+        log = self.query_one("#log", Log)
+        log.clear()
+        log.write_lines(lines)
+
+    @property
+    def lines(self) -> list[str]:
+        return list(self.query_one("#log", Log).lines)

@@ -1,0 +1,136 @@
+"""Hand-written status snapshots and fleets for the TUI's snapshot tests: fixed numbers, fixed
+times (everything is relative to T0, and the app's clock is frozen at NOW)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from console.fleet import ConsoleSettings, Fleet, Node
+
+T0 = 1_760_000_000.0
+NOW = T0 + 100.0
+
+
+def server(n: int, state: str = "healthy", **kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "number": n, "url": f"http://127.0.0.1:{30000 + n}", "state": state, "gpu": n,
+        "port": 30000 + n, "pid": 1000 + n, "restarts": 0, "in_flight": 40, "limit": 40,
+        "completed": 128_000 + 97 * n, "failed": 30 + n, "req_per_s": 2.05 + 0.01 * n,
+        "tok_per_s": 2230.0 + 10 * n, "queued_reqs": 3 + n % 3, "accept_length": 3.0 + n / 100,
+        "metrics_at": NOW - 1, "health_checked_at": NOW - 1,
+        "gpu_stats": {"util_pct": 97.0, "mem_used_mib": 170_000.0 + n,
+                      "mem_total_mib": 183_359.0, "temp_c": 61.0 + n, "power_w": 905.0 + n},
+    }
+    base.update(kw)
+    return base
+
+
+def progress(**kw: Any) -> dict[str, Any]:
+    servers = {str(n): {"url": f"http://127.0.0.1:{30000 + n}", "state": "healthy",
+                        "in_flight": 40, "limit": 40, "completed": 128_000, "failed": 30,
+                        "req_per_s": 2.05, "tok_per_s": 2230.0, "accept_length": 3.0}
+               for n in range(7)}
+    base: dict[str, Any] = {
+        "total": 913_786, "completed": 451_203, "failed": 1_093, "rate_per_sec": 14.37,
+        "eta_hours": 8.94, "total_input_tokens": 115_402_118, "total_output_tokens": 812_030_331,
+        "avg_output_tokens": 1799.7, "elapsed_hours": 8.71, "s3_uploaded": 902,
+        "s3_bytes": 3_897_000_000, "status": "running", "truncated": 81_216, "empty": 1_804,
+        "max_tokens": 8192, "concurrency": 40, "in_flight": 280, "retried": 312,
+        "s3_pending": 1, "control_rev": 7, "updated_at": NOW - 1, "servers": servers,
+        "run": "qwen-traces", "batches_closed": 902,
+    }
+    base.update(kw)
+    return base
+
+
+def generate_snapshot(**kw: Any) -> dict[str, Any]:
+    servers = [server(n) for n in range(7)]
+    servers[3] = server(3, "restarting", restarts=2, in_flight=0, tok_per_s=0.0, req_per_s=0.0,
+                        queued_reqs=None, last_error="ReadTimeout: no answer within 600 s",
+                        gpu_stats={"util_pct": 0.0, "mem_used_mib": 512.0,
+                                   "mem_total_mib": 183_359.0, "temp_c": 38.0,
+                                   "power_w": 140.0})
+    servers[5]["gpu_stats"] = None  # NVML absent for this one: dashes, never zeros
+    servers[6]["metrics_at"] = NOW - 41  # its /metrics stopped answering: shown with its age
+    base: dict[str, Any] = {
+        "kind": "generate", "run": "qwen-traces", "run_dir": "/data/runs/qwen-traces",
+        "host": "gpu-box-7", "status": "running", "updated_at": NOW - 1, "source": "supervisor",
+        "agent_version": "0.1.0", "supervisor_pid": 4242, "progress": progress(),
+        "progress_age_s": 0.4, "servers": servers,
+        "alerts": [{"code": "server_restarts", "severity": "warning",
+                    "message": "server 3 restarted 2 times in 10 min", "since": NOW - 300,
+                    "server": 3}],
+        "disk": {"path": "/data", "free_bytes": 1_210_000_000_000,
+                 "total_bytes": 3_840_000_000_000, "hours_to_full": 61.5},
+    }
+    base.update(kw)
+    return base
+
+
+def train_snapshot(**kw: Any) -> dict[str, Any]:
+    train = {
+        "kind": "train", "run": "dflash-qwen", "step": 6_400, "total_steps": 20_000,
+        "epoch": 1, "epochs": 3, "loss": 1.8342,
+        "accuracy": [0.912, 0.833, 0.761, 0.69, 0.622, 0.561, 0.5, 0.447, 0.399, 0.352,
+                     0.31, 0.27, 0.236, 0.204, 0.177],
+        "accept_length": 4.21, "heldout_accept_length": 4.05, "best_accept_length": 4.05,
+        "tokens_per_s": 48_210.0, "steps_per_s": 0.41, "lr": 3.0e-4, "eta_hours": 9.2,
+        "elapsed_hours": 4.3, "last_checkpoint": "checkpoints/step_006000",
+        "best_checkpoint": "checkpoints/step_006000", "status": "running", "world_size": 4,
+        "updated_at": NOW - 2,
+    }
+    servers = [{"number": g, "url": "", "state": "healthy", "gpu": g,
+                "gpu_stats": {"util_pct": 99.0, "mem_used_mib": 71_000.0 + g,
+                              "mem_total_mib": 81_559.0, "temp_c": 70.0 + g,
+                              "power_w": 650.0 + g}} for g in range(4)]
+    base: dict[str, Any] = {
+        "kind": "train", "run": "dflash-qwen", "run_dir": "/data/runs/dflash", "host": "gpu-4x",
+        "status": "running", "updated_at": NOW - 2, "source": "supervisor",
+        "agent_version": "0.1.0", "train": train, "servers": servers,
+        "disk": {"path": "/data", "free_bytes": 800_000_000_000,
+                 "total_bytes": 2_000_000_000_000},
+    }
+    base.update(kw)
+    return base
+
+
+def fleet(**console: Any) -> Fleet:
+    return Fleet(nodes=[
+        Node(name="gen-1", run_dir="/data/runs/qwen-traces", host="gpu-box-7", user="ubuntu"),
+        Node(name="gen-2", run_dir="/data/runs/qwen-more", host="gpu-box-8", user="ubuntu"),
+        Node(name="train-1", run_dir="/data/runs/dflash", host="gpu-4x", role="train"),
+        Node(name="gen-3", run_dir="/data/runs/old", host="gpu-box-9", port=2222),
+    ], console=ConsoleSettings(**console), source="fleet.toml")
+
+
+def history_items(n: int = 60) -> list[dict[str, Any]]:
+    """n history samples 10 s apart: throughput with a dip, accept length drifting, failures
+    in a burst."""
+    items = []
+    failed = 900
+    for i in range(n):
+        dip = 0.55 if 30 <= i < 36 else 1.0
+        failed += 40 if 40 <= i < 43 else 2
+        servers = {str(s): {"tok_per_s": (2000.0 + 8 * ((i * 7 + s) % 11)) * dip,
+                            "accept_length": 2.9 + 0.004 * i + 0.01 * s}
+                   for s in range(7)}
+        items.append({"updated_at": NOW - 10 * (n - i), "rate_per_sec": 14.0 * dip,
+                      "failed": failed, "servers": servers})
+    return items
+
+
+def samples() -> dict[str, Any]:
+    return {"samples": [
+        {"index": 451_202, "finish_reason": "stop", "completion_tokens": 1_204,
+         "reasoning_tokens": 873, "reasoning_head": "The user asks for a haiku about GPUs. "
+         "I should count syllables: five, seven, five.",
+         "content_head": "Silicon rivers\nseven cards hum through the night\nprompts become "
+         "answers", "tool_calls": 0, "attempt": 1, "server": 2, "latency_s": 41.3},
+        {"index": 451_199, "finish_reason": "length", "completion_tokens": 8_192,
+         "reasoning_tokens": 8_192, "reasoning_head": "Let me think about the proof. First, "
+         "assume the contrary...", "content_head": "", "tool_calls": 0, "attempt": 2,
+         "server": 5, "latency_s": 288.0},
+        {"index": 451_197, "finish_reason": "tool_calls", "completion_tokens": 96,
+         "reasoning_tokens": 40, "reasoning_head": "I need the weather tool.",
+         "content_head": "", "tool_calls": 1, "attempt": 1, "server": 0, "latency_s": 3.1},
+    ]}

@@ -1,0 +1,47 @@
+"""Reading what the TUI shows: the screen as plain text, the latest snapshot, notifications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+from textual.notifications import Notify
+
+from agents.schema import Progress, Snapshot
+from console.app import FleetdeckApp
+
+
+def screen_text(app: FleetdeckApp) -> str:
+    """Every character on screen now, one line per row (what a person would read)."""
+    update = app.screen._compositor.render_full_update()
+    return "\n".join("".join(seg.text for seg in strip) for strip in update.strips)
+
+
+def snapshot(app: FleetdeckApp, node: str = "sim-1") -> Snapshot | None:
+    return app.state.nodes[node].snapshot
+
+
+def progress(app: FleetdeckApp, node: str = "sim-1") -> Progress | None:
+    snap = snapshot(app, node)
+    return snap.progress if snap is not None else None
+
+
+class Recorder:
+    """A run_test(message_hook=...) that keeps every notification's text (toasts expire)."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def __call__(self, message: Message) -> None:
+        if isinstance(message, Notify):
+            self.notes.append(message.notification.message)
+
+    def has(self, text: str) -> bool:
+        return any(text in n for n in self.notes)
+
+
+def server(app: FleetdeckApp, number: int, node: str = "sim-1") -> Any:
+    snap = snapshot(app, node)
+    if snap is None:
+        return None
+    return next((s for s in snap.servers if s.number == number), None)

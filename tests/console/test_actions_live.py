@@ -1,0 +1,239 @@
+"""Every action end to end against a live supervised run on simulated GPUs: press the key,
+answer the modal, the agent applies it, and the screen shows the new value. The tests share
+one run and go in file order (the last one takes it down)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from textual.widgets import Input
+
+from agents.procinfo import alive
+from console.app import FleetdeckApp
+from console.fleet import Node
+from console.screens.node import GenerateScreen
+from console.widgets.confirm import ChoiceModal, ConfirmModal
+from console.widgets.log_pane import LogPane
+from console.widgets.prompt import ValueModal
+from tests.console.conftest import LiveRun, until
+from tests.console.screen import Recorder, progress, screen_text, server, snapshot
+from tests.servers.sshd import SshServer
+
+SIZE = (160, 48)
+
+
+async def open_node(pilot: Any, app: FleetdeckApp) -> GenerateScreen:
+    await until(pilot, lambda: progress(app) is not None and progress(app).status == "running"
+                and len(snapshot(app).servers) == 2, 60, "a running snapshot")
+    await pilot.press("enter")
+    screen = await until(pilot, lambda: app.screen if isinstance(app.screen, GenerateScreen)
+                         else None, 30, "the node screen")
+    assert isinstance(screen, GenerateScreen)
+    return screen
+
+
+async def answer_value(pilot: Any, app: FleetdeckApp, text: str) -> None:
+    modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ValueModal)
+                        else None, 30, "the value prompt")
+    field = modal.query_one(Input)
+    assert field.has_focus
+    await pilot.press(*text)  # the current value is selected: typing replaces it
+    assert field.value == text
+
+
+async def confirm(pilot: Any, app: FleetdeckApp, question: str) -> None:
+    modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ConfirmModal)
+                        else None, 30, "the confirmation")
+    assert question in modal.question
+    await pilot.press("y")
+
+
+async def test_live_controls(live_run: LiveRun) -> None:
+    rec = Recorder()
+    app = FleetdeckApp(live_run.fleet())
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        await open_node(pilot, app)
+        # The sparklines' past comes from the `history` RPC, fetched on opening the node.
+        await until(pilot, lambda: app.fetched["sim-1"].history.loaded, 45, "history fetched")
+
+        await pilot.press("p")
+        await until(pilot, lambda: progress(app).paused and "PAUSED" in screen_text(app),
+                    45, "paused on screen")
+        assert rec.has("sim-1: paused")
+        await pilot.press("P")
+        await until(pilot, lambda: not progress(app).paused
+                    and "PAUSED" not in screen_text(app), 45, "unpaused")
+
+        # Resize every server through the prompt, then +/- by one.
+        await pilot.press("c")
+        await answer_value(pilot, app, "6")
+        await pilot.press("enter")
+        await until(pilot, lambda: progress(app).concurrency == 6
+                    and "concurrency 6 " in screen_text(app), 45, "concurrency 6 on screen")
+        await pilot.press("plus")
+        await until(pilot, lambda: progress(app).concurrency == 7, 45, "concurrency 7")
+        await pilot.press("minus")
+        await until(pilot, lambda: progress(app).concurrency == 6, 45, "back to 6")
+
+        # One server only: the selected GPU row (server 1).
+        await pilot.press("down")
+        await pilot.press("c")
+        await answer_value(pilot, app, "3")
+        await pilot.press("tab", "space", "shift+tab", "enter")
+        await until(pilot, lambda: server(app, 1).limit == 3 and server(app, 0).limit == 6
+                    and "/3 " in screen_text(app), 45, "server 1 limited to 3")
+
+        # Max tokens: the prompt shows the truncation rate beside it.
+        await pilot.press("m")
+        modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ValueModal)
+                            else None, 30, "the max tokens prompt")
+        assert "truncated" in str(modal.note)
+        await answer_value(pilot, app, "200")
+        await pilot.press("enter")
+        await until(pilot, lambda: progress(app).max_tokens == 200
+                    and "max_tokens 200 " in screen_text(app), 45, "max_tokens 200 shown")
+
+        # Retry truncated: a choice, then the engine applies a new control revision.
+        rev = progress(app).control_rev
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ChoiceModal), 30, "retry choice")
+        await pilot.press("t")
+        await until(pilot, lambda: progress(app).control_rev > rev
+                    and f"rev {progress(app).control_rev}" in screen_text(app), 15,
+                    "a new control rev")
+        assert rec.has("retry truncated")
+
+        # Logs and samples fill their panes.
+        await pilot.press("l")
+        await until(pilot, lambda: len(app.screen.query_one(LogPane).lines) > 0
+                    and "generate" in screen_text(app), 45, "the log tail")
+        await pilot.press("S")
+        await until(pilot, lambda: app.fetched["sim-1"].samples, 45, "samples fetched")
+        first = app.fetched["sim-1"].samples[0]
+        await until(pilot, lambda: f"#{first['index']}  {first['finish_reason']}"
+                    in screen_text(app) and " answer " in screen_text(app), 15,
+                    "a completion readable in the samples pane")
+        assert not app.render_errors
+
+
+async def test_restart_stop_resume(live_run: LiveRun) -> None:
+    rec = Recorder()
+    app = FleetdeckApp(live_run.fleet())
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        screen = await open_node(pilot, app)
+        before = server(app, 1).restarts
+        screen.gpu_table.focus()
+        await pilot.press("down")
+        await pilot.press("x")
+        await confirm(pilot, app, "Restart server 1")
+        await until(pilot, lambda: server(app, 1).restarts > before, 60, "a restart counted")
+        await until(pilot, lambda: server(app, 1).state == "healthy", 60, "server 1 back")
+
+        await pilot.press("s")
+        await confirm(pilot, app, "Stop the job")
+        await until(pilot, lambda: snapshot(app).status == "stopped"
+                    and "stopped" in screen_text(app), 60, "stopped on screen")
+        # The agent's refusal is a notification, not a crash.
+        await pilot.press("s")
+        await confirm(pilot, app, "Stop the job")
+        await until(pilot, lambda: rec.has("Stop refused: no job is running"), 15,
+                    "the agent's error shown")
+        await pilot.press("r")
+        await until(pilot, lambda: snapshot(app).status == "running", 60, "running again")
+        assert rec.has("resume:")
+        assert not app.render_errors
+
+
+async def test_read_only(live_run: LiveRun) -> None:
+    app = FleetdeckApp(live_run.fleet(), read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_node(pilot, app)
+        keys = set(app.screen.active_bindings)
+        assert {"p", "c", "l"} <= keys
+        assert not {"s", "D", "x", "L"} & keys
+        for key in ("s", "D", "x", "L"):
+            await pilot.press(key)
+            await pilot.pause()
+            assert isinstance(app.screen, GenerateScreen), key
+        assert "READ-ONLY" in screen_text(app)
+        assert snapshot(app).status == "running"
+        assert "Stop" not in await palette_titles(pilot, app, "Stop")
+        assert "Down" not in await palette_titles(pilot, app, "Down")
+        assert "Pause" in await palette_titles(pilot, app, "Pause")
+
+
+async def palette_titles(pilot: Any, app: FleetdeckApp, query: str) -> str:
+    """The command palette's results for a query, as text."""
+    from textual.command import CommandList, CommandPalette
+
+    await pilot.press("ctrl+p")
+    palette = await until(pilot, lambda: app.screen if isinstance(app.screen, CommandPalette)
+                          else None, 30, "the palette")
+    await pilot.press(*query)
+    results = palette.query_one(CommandList)
+    await until(pilot, lambda: results.option_count > 0, 30, f"palette hits for {query}")
+    text = "\n".join(str(results.get_option_at_index(i).prompt)
+                     for i in range(results.option_count))
+    await pilot.press("escape")
+    await until(pilot, lambda: not isinstance(app.screen, CommandPalette), 30, "palette closed")
+    return text
+
+
+async def test_a_hung_node_never_stalls_the_live_one(live_run: LiveRun, sshd: SshServer,
+                                                      tmp_path: Path) -> None:
+    """A node whose sshd is SIGSTOPped (the port accepts, nothing answers) beside the live
+    one: the live node's figures keep moving on screen while the hung one says so."""
+    fleet = live_run.fleet()
+    fleet.nodes.append(Node(name="hung", run_dir=str(tmp_path), host=sshd.host,
+                            port=sshd.port, user=sshd.user, identity_file=str(sshd.client_key),
+                            known_hosts=str(sshd.known_hosts), connect_timeout_s=3))
+    sshd.freeze()
+    try:
+        app = FleetdeckApp(fleet)
+        async with app.run_test(size=SIZE) as pilot:
+            def live_row() -> str:
+                """The live node's Progress cell as drawn, e.g. `12.3% 2.5k/20.0k`."""
+                line = next((line for line in screen_text(app).splitlines()
+                             if " sim-1 " in line), "")
+                found = re.search(r"\d+\.\d% \S+", line)
+                return found.group(0) if found else ""
+
+            await until(pilot, lambda: progress(app) is not None and live_row(),
+                        60, "the live node's row")
+            first, row = progress(app).completed, live_row()
+            await until(pilot, lambda: app.state.nodes["hung"].link == "unreachable"
+                        and "unreachable" in screen_text(app), 60, "the hung node shown")
+            await until(pilot, lambda: progress(app).completed > first and live_row() != row,
+                        60, "the live node's row moving meanwhile")
+    finally:
+        sshd.thaw()
+
+
+async def test_pull_and_decommission_check(live_run: LiveRun, tmp_path: Path) -> None:
+    rec = Recorder()
+    pulls = tmp_path / "pulls"
+    app = FleetdeckApp(live_run.fleet(pull_dir=str(pulls)))
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        await open_node(pilot, app)
+        await pilot.press("u")
+        await until(pilot, lambda: rec.has("sim-1: pulled into"), 60, "the pull's report")
+        assert (pulls / "sim-1" / "tui-test" / "run.toml").exists()
+        await pilot.press("k")
+        await until(pilot, lambda: rec.has("decommission check: NOT safe"), 60,
+                    "the checklist (the run is live: not safe)")
+        assert rec.has("✗ run finished")
+
+
+async def test_down(live_run: LiveRun) -> None:
+    rec = Recorder()
+    app = FleetdeckApp(live_run.fleet())
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        await open_node(pilot, app)
+        pid = live_run.pids()[0]
+        assert "Down" in await palette_titles(pilot, app, "Down")
+        await pilot.press("D")
+        await confirm(pilot, app, "Take sim-1 down")
+        await until(pilot, lambda: rec.has("down:"), 45, "down acknowledged")
+        await until(pilot, lambda: not alive(pid), 60, "the supervisor gone")
