@@ -29,9 +29,12 @@ from agents.schema import (
 class DiskWatch:
     """Free space of RUN_DIR's file system and time to full at the recent rate."""
 
-    def __init__(self, path: Path, window_s: float = 600.0) -> None:
+    def __init__(self, path: Path, window_s: float = 600.0, min_span_s: float = 300.0) -> None:
         self.path = path
         self.window_s = window_s
+        # A projection from less than a few minutes of samples follows every burst of writes
+        # (a pip install beside the run) and cries wolf.
+        self.min_span_s = min_span_s
         self._samples: deque[tuple[float, int]] = deque()
 
     def status(self, now: float | None = None) -> DiskStatus | None:
@@ -45,7 +48,7 @@ class DiskWatch:
             self._samples.popleft()
         hours = None
         t0, free0 = self._samples[0]
-        if now - t0 >= 30 and free0 > usage.free:
+        if now - t0 >= self.min_span_s and free0 > usage.free:
             rate = (free0 - usage.free) / (now - t0)
             hours = usage.free / rate / 3600
         return DiskStatus(path=str(self.path), free_bytes=usage.free, total_bytes=usage.total,

@@ -97,3 +97,16 @@ def test_live_over_cap_and_empty_alerts_raise_and_clear(supervised) -> None:
     httpx.post(f"{url}/sim/faults", json={"empty_rate": 0.0}).raise_for_status()
     wait_status(run.run_dir, lambda s: not {"over_cap:0", "empty_rate"} & {
         a["code"] for a in s["alerts"]}, 60, "both cleared")
+
+
+def test_disk_projection_waits_for_minutes_of_samples(tmp_path) -> None:
+    from agents.snapshot import DiskWatch
+
+    watch = DiskWatch(tmp_path, window_s=600, min_span_s=300)
+    first = watch.status(now=1000.0)
+    assert first is not None and first.hours_to_full is None
+    # Pretend 1 GiB was written in the next 10 s: too short a span to project from.
+    watch._samples[0] = (1000.0, first.free_bytes + 2**30)
+    assert watch.status(now=1010.0).hours_to_full is None
+    later = watch.status(now=1400.0)
+    assert later.hours_to_full is not None and later.hours_to_full > 0
