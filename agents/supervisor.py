@@ -21,6 +21,8 @@ from agents import __version__
 from agents.alerts import AlertBook
 from agents.control import audit
 from agents.engine.run import Engine, EngineError
+from agents.engine.store import StoreError
+from agents.engine.uploader import S3Unavailable
 from agents.rpc import NOT_RUNNING, REFUSED, STREAM_LIMIT, RpcError, dispatch_line, notification
 from agents.rpcmethods import ControlMethods, check_hello
 from agents.runspec import RunSpec, load_run_spec
@@ -126,7 +128,7 @@ class Supervisor:
         engine = Engine(self.spec, urls=urls)
         try:
             await asyncio.to_thread(engine.prepare)
-        except (EngineError, ValueError, OSError) as exc:
+        except (EngineError, S3Unavailable, StoreError, ValueError, OSError) as exc:
             self.status = "failed"
             self.message = f"the engine refused to start: {exc}"
             log.error(self.message)
@@ -148,7 +150,9 @@ class Supervisor:
         train = f"exec {py} -m trainer.cli train {spec}"
         if (self.run_dir / "progress.json").exists() and read_train_progress(self.run_dir):
             train += " --resume"
-        report = self.run_dir / "prepared" / "prepare_report.json"
+        prepared = Path(self.spec.train.prepared) if self.spec.train else Path("prepared")
+        report = (prepared if prepared.is_absolute() else self.run_dir / prepared) / \
+            "prepare_report.json"
         script = train if report.exists() else f"{py} -m trainer.cli prepare {spec} && {train}"
         with open(logfile, "ab") as out:
             self.train_proc = subprocess.Popen(
@@ -225,10 +229,19 @@ class Supervisor:
         disk = self.disk.status(now)
         alerts = self.alerts.evaluate(progress, servers, disk, now)
         status: str
-        if progress is not None:
+        if train is None and self.train_proc is not None and self.train_proc.poll():
+            status = "failed"
+            self.message = (f"the training job exited with {self.train_proc.returncode} "
+                            "before training (the quality gate?): see logs/train.log")
+        elif progress is not None:
             status = progress.status
         elif train is not None:
             status = str(train.get("status", "running"))
+            code = self.train_proc.poll() if self.train_proc is not None else None
+            if code not in (None, 0) and status in ("running", "starting"):
+                # The trainer died without writing its last word.
+                status = "failed"
+                self.message = f"the trainer exited with {code}: see logs/train.log"
         else:
             status = self.status
         return Snapshot(

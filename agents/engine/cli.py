@@ -188,6 +188,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"fleetdeck-agent generate: {args.spec}: [run] kind is {spec.run.kind!r}",
                   file=sys.stderr)
             return EXIT_USAGE
+        if not spec.servers.urls:
+            print(f"fleetdeck-agent generate: {args.spec}: [servers] has gpus, not urls: "
+                  "servers launched per GPU need the supervisor (`fleetdeck-agent up`)",
+                  file=sys.stderr)
+            return EXIT_USAGE
         return run_engine(spec)
     except (SpecError, EngineError, S3Unavailable, StoreError) as exc:
         print(f"fleetdeck-agent generate: {exc}", file=sys.stderr)

@@ -172,3 +172,15 @@ def test_stop_drains_keeps_servers_and_down_ends_all(supervised) -> None:
     log = [json.loads(x)["method"] for x in
            (run.run_dir / "control.log.jsonl").read_text().splitlines()]
     assert log == ["launch", "stop", "down"]
+
+
+def test_unreachable_s3_fails_the_job_with_a_reason_not_the_supervisor(supervised) -> None:
+    run = supervised(1, prompts=20)
+    run.spec.write_text(run.spec.read_text() + '\n[s3]\nbucket = "nowhere"\n'
+                        'endpoint_url = "http://127.0.0.1:9"\nregion = "us-east-1"\n')
+    assert agent("up", str(run.spec)).returncode == 0
+    snap = wait_status(run.run_dir, lambda s: s["status"] == "failed", 60, "job failed")
+    assert snap["source"] == "supervisor", "the supervisor itself must stay up"
+    assert "[s3] bucket 'nowhere'" in snap["message"]
+    r = agent("generate", str(run.spec))
+    assert r.returncode == 2 and "need the supervisor" in r.stderr
