@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from agents.batchscan import BatchScan, KeySet, ranges_text, scan_batch, spans
-from agents.engine.store import BATCH_RE
+from agents.engine.store import BATCH_RE, parse_done_line
 from agents.engine.uploader import make_s3_client
 from agents.runspec import S3Section, SpecError, load_run_spec
 from agents.schema import (
@@ -133,13 +133,12 @@ class Verifier:
         if data and not data.endswith(b"\n"):
             data = data[: data.rfind(b"\n") + 1]  # a write in progress, or a torn tail
         for lineno, raw in enumerate(data.splitlines(), 1):
-            parts = raw.split()
-            if not parts:
-                continue
             try:
-                index = int(parts[0])
-                attempt = int(parts[1]) if len(parts) > 1 else 1
-                new = self.done.add(index, attempt)
+                key = parse_done_line(raw)
+                if key is None:
+                    continue
+                index = key[0]
+                new = self.done.add(*key)
             except ValueError:
                 check.fail(f".done_indices:{lineno}: not an index: {raw[:80]!r}")
                 continue

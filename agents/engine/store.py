@@ -24,6 +24,17 @@ from agents.schema import line_key_decoder
 BATCH_RE = re.compile(r"^completions_(\d{6,})\.jsonl(\.partial)?$")
 
 
+def parse_done_line(raw: bytes) -> tuple[int, int] | None:
+    """A `.done_indices` line: `index` or `index attempt`; None for a blank line; ValueError
+    for anything else."""
+    parts = raw.split()
+    if not parts:
+        return None
+    if len(parts) > 2:
+        raise ValueError("more than two fields")
+    return int(parts[0]), int(parts[1]) if len(parts) > 1 else 1
+
+
 def batch_name(number: int) -> str:
     return f"completions_{number:06d}.jsonl"
 
@@ -75,13 +86,10 @@ class BatchStore:
         if done_path.exists():
             with open(done_path, "rb") as f:
                 for lineno, raw in enumerate(f, 1):
-                    parts = raw.split()
-                    if not parts:
-                        continue
                     try:
-                        index = int(parts[0])
-                        attempt = int(parts[1]) if len(parts) > 1 else 1
-                        self.done.add(index, attempt)
+                        done = parse_done_line(raw)
+                        if done is not None:
+                            self.done.add(*done)
                     except (ValueError, IndexError) as exc:
                         raise StoreError(
                             f"{done_path}:{lineno}: not an index: {raw!r} ({exc})"
