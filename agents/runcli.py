@@ -134,6 +134,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
         result = asyncio.run(resume(args.run_dir.resolve()))
     except RunCtlError as exc:
         return _err("resume", exc)
+    except RpcError as exc:
+        print(f"fleetdeck-agent resume: {exc.message}", file=sys.stderr)
+        return EXIT_CHECK
     print(json.dumps(result))
     return EXIT_OK
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from agents import PROTOCOL_VERSION
 from agents.control import audit
-from agents.rpc import STREAM_LIMIT, RpcClient
+from agents.rpc import STREAM_LIMIT, RpcClient, RpcError
 from agents.runspec import RunSpec, keep_copy
 from agents.snapshot import supervisor_pid
 from agents.sockpath import recorded_socket
@@ -36,7 +36,9 @@ async def connect(run_dir: Path, timeout: float = 5.0) -> RpcClient | None:
     client = RpcClient(reader, writer)
     try:
         await client.call("hello", {"protocol": PROTOCOL_VERSION}, timeout=timeout)
-    except (OSError, TimeoutError, ConnectionError):
+    except (OSError, TimeoutError, ConnectionError, RpcError):
+        # RpcError: a supervisor of another protocol version (the agent was upgraded under a
+        # live run): answer from the run directory rather than not at all.
         await client.close()
         return None
     return client

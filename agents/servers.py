@@ -36,6 +36,8 @@ from agents.sglang_metrics import (
 )
 
 log = logging.getLogger("fleetdeck.servers")
+# A server healthy this long has recovered: its restart backoff starts over.
+STREAK_RESET_S = 600.0
 
 
 class ServerRecord(msgspec.Struct):
@@ -65,6 +67,10 @@ class ManagedServer:
     health_checked_at: float | None = None
     metrics_at: float | None = None
     adopted: bool = False
+    # Automatic restarts since the server was last healthy for a while: drives the backoff
+    # and the limit (the lifetime `restarts` only counts, for people).
+    streak: int = 0
+    healthy_since: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     figures: ServerFigures = field(default_factory=ServerFigures)
 
@@ -201,6 +207,9 @@ class ServerSet:
                 server.down_since = time.time()
             if state == "healthy":
                 server.down_since = None
+                server.healthy_since = time.time()
+            else:
+                server.healthy_since = None
             if self.on_state is not None:
                 self.on_state(server)
 
@@ -209,9 +218,9 @@ class ServerSet:
             self._tasks.append(asyncio.create_task(self._watch(server)))
             self._tasks.append(asyncio.create_task(self._figures(server)))
 
-    async def wait_healthy(self, timeout: float) -> bool:
+    async def wait_healthy(self, timeout: float, stop: Callable[[], bool] | None = None) -> bool:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop is not None and stop()):
             if all(s.state == "healthy" for s in self.servers):
                 return True
             await asyncio.sleep(0.1)
@@ -231,6 +240,9 @@ class ServerSet:
                 if ok:
                     server.fails_in_row = 0
                     self._set_state(server, "healthy")
+                    if server.streak and server.healthy_since is not None and \
+                            now - server.healthy_since > STREAK_RESET_S:
+                        server.streak = 0
                 elif server.state == "starting":
                     if server.started_at and now - server.started_at > cfg.startup_timeout_s:
                         server.last_error = f"not ready after {cfg.startup_timeout_s:.0f} s"
@@ -256,18 +268,20 @@ class ServerSet:
                 f" with {code}" if code is not None else "")
             log.warning("server %d: %s", server.number, server.last_error)
             self._set_state(server, "down")
-            server.next_restart_at = now + cfg.restart_backoff_s * 2 ** min(server.restarts, 6)
-        if server.restarts >= cfg.max_restarts:
-            server.last_error = f"gave up after {server.restarts} restarts"
+            server.next_restart_at = now + cfg.restart_backoff_s * 2 ** min(server.streak, 6)
+        if server.streak >= cfg.max_restarts:
+            server.last_error = f"gave up after {server.streak} restarts in a row"
             return
         if server.next_restart_at is not None and now >= server.next_restart_at:
             await self.restart(server, server.last_error or "process exited")
 
-    async def restart(self, server: ManagedServer, reason: str) -> None:
+    async def restart(self, server: ManagedServer, reason: str, manual: bool = False) -> None:
         log.warning("server %d: restarting (%s)", server.number, reason)
         self._set_state(server, "restarting")
         await self._terminate(server)
         server.restarts += 1
+        if not manual:
+            server.streak += 1
         server.next_restart_at = None
         self.launch(server)
 

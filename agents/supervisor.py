@@ -51,6 +51,7 @@ class Supervisor:
         self.status = "starting"
         self.message: str | None = None
         self.stop_servers_after_job = False
+        self.starting = True  # until the servers are up and the job has been started
         self.control = ControlMethods(self.run_dir)
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -85,7 +86,10 @@ class Supervisor:
         pusher = asyncio.create_task(self._push_loop())
         try:
             await self._start_servers()
-            await self.start_job()
+            # A `down` during start-up wins; a `resume` during it may have started the job.
+            if not self.exit.is_set() and not self.job_running():
+                await self.start_job()
+            self.starting = False
             await self.exit.wait()
         finally:
             pusher.cancel()
@@ -109,7 +113,7 @@ class Supervisor:
         await self.servers.adopt_or_launch()
         self.servers.start()
         timeout = self.spec.servers.startup_timeout_s
-        if not await self.servers.wait_healthy(timeout):
+        if not await self.servers.wait_healthy(timeout, stop=self.exit.is_set):
             self.message = f"not every server was healthy within {timeout:.0f} s"
             log.warning(self.message)
 
@@ -324,6 +328,9 @@ class Supervisor:
             audit(self.run_dir, "resume", {}, p.get("who"))
             if self.job_running():
                 return {"status": "running", "message": "the job is already running"}
+            if self.starting:
+                raise RpcError(REFUSED, "the supervisor is still starting its servers; the job "
+                               "starts when they are up")
             if self.servers is not None and any(s.state == "stopped"
                                                 for s in self.servers.servers):
                 for s in self.servers.servers:
@@ -331,6 +338,8 @@ class Supervisor:
                         self.servers.launch(s)
             self.message = None
             await self.start_job()
+            if not self.job_running():
+                raise RpcError(REFUSED, self.message or "the job did not start")
             return {"status": "started"}
 
         async def launch(p: dict[str, Any]) -> Any:
@@ -341,7 +350,8 @@ class Supervisor:
             audit(self.run_dir, "restart_server", {"server": n}, p.get("who"))
             if self.servers is None or not 0 <= n < len(self.servers.servers):
                 raise RpcError(REFUSED, f"no managed server {n} in this run")
-            await self.servers.restart(self.servers.servers[n], "restart-server on demand")
+            await self.servers.restart(self.servers.servers[n], "restart-server on demand",
+                                       manual=True)
             return {"server": n, "state": self.servers.servers[n].state}
 
         methods: dict[str, Any] = self.control.methods()

@@ -18,11 +18,19 @@ from typing import Any
 from agents.rpc import RpcError
 from agents.schema import ManifestEntry
 from console.fleet import Fleet, Node
-from console.headless import EXIT_CHECK, EXIT_OK, EXIT_UNREACHABLE, open_link, say
+from console.headless import (
+    EXIT_CHECK,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    open_link,
+    say,
+)
 from console.pull import (
     PULL_CIPHERS,
     Progress,
     Puller,
+    PullError,
     PullReport,
     dest_for,
     fetch_manifest,
@@ -60,6 +68,7 @@ class Checklist:
 
 async def _context(link: AgentLink, node: Node, everything: bool
                    ) -> tuple[dict[str, Any], list[ManifestEntry], list[ManifestEntry]]:
+    """The node's status, its whole manifest, and the pull set chosen from it."""
     snap = await link.call("status", {}, timeout=60)
     entries = await fetch_manifest(link.call)
     chosen = pull_set(entries, node.role, everything, snap.get("train"))
@@ -67,11 +76,13 @@ async def _context(link: AgentLink, node: Node, everything: bool
 
 
 async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: bool = False,
-                    on_progress: Callable[[Progress], None] | None = None) -> PullReport:
+                    on_progress: Callable[[Progress], None] | None = None,
+                    engine: str | None = None) -> PullReport:
+    """Pull the node's pull set; `engine` picks the data path (console/pull.py: pull_engine)."""
     snap, entries, chosen = await _context(link, node, everything)
     dest = dest_for(pull_dir, node, snap["run"])
     save_manifest(dest, entries)
-    source = await open_source(node, link.conn)
+    source = await open_source(node, link.conn, engine)
     try:
         report = await Puller(source, dest, on_progress).run(chosen)
     finally:
@@ -81,7 +92,7 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
 
 
 async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
-    snap, _, chosen = await _context(link, node, False)
+    snap, entries, chosen = await _context(link, node, False)
     dest = dest_for(pull_dir, node, snap["run"])
     items = [Item("run finished", snap["status"] in ("done", "stopped"),
                   f"run {snap['run']} is {snap['status']}")]
@@ -100,6 +111,15 @@ async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
         got = await asyncio.to_thread(local_sha256, dest / rel, e.size)
         if got != e.sha256:
             missing.append(rel + (" (differs)" if (dest / rel).exists() else ""))
+    refused = [f"{e.path} ({e.refused})" for e in entries if e.refused is not None]
+    items.append(Item("nothing refused", not refused,
+                      "every file in the run directory can be served" if not refused else
+                      f"{len(refused)} file(s) the agent will not serve (a symlink, or "
+                      "unreadable): copy them by hand or remove them", refused))
+    if any(m.startswith("logs/") for m in missing) and snap.get("source") == "supervisor" \
+            and any(s.get("state") == "healthy" for s in snap.get("servers", [])):
+        missing.append("(the servers are still up and their logs keep growing: `down` first, "
+                       "then pull again)")
     items.append(Item("artifacts pulled", not missing,
                       f"all {len(chosen)} files here with matching sha256 in {dest}"
                       if not missing else f"{len(missing)} of {len(chosen)} missing or "
@@ -139,6 +159,9 @@ async def cmd_pull(fleet: Fleet, args: argparse.Namespace) -> int:
     except (RpcError, ConnectionError, TimeoutError) as exc:
         say(f"\n{node.name}: pull: {exc}")
         return EXIT_UNREACHABLE
+    except PullError as exc:
+        say(f"\n{node.name}: pull: {exc}")
+        return EXIT_USAGE
     finally:
         await link.close()
     print(file=sys.stderr)

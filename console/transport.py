@@ -113,6 +113,13 @@ async def ssh_connect(node: Node, ciphers: list[str] | None = None
     opts = _ssh_options(node)
     if ciphers:
         opts["encryption_algs"] = ciphers
+    if not os.path.exists(opts["known_hosts"]):
+        # No known_hosts file at all (a fresh laptop): every host is unknown, and accepting
+        # one creates the file. A host that does not answer is unreachable, not unknown.
+        problem = await _host_key_problem(node)
+        if problem.fingerprint is None:
+            raise Unreachable(f"{node.name}: no SSH answer from {node.host}:{node.port or 22}")
+        raise problem
     try:
         return await asyncssh.connect(node.host or "", **opts)
     except asyncssh.HostKeyNotVerifiable:

@@ -83,27 +83,46 @@ def parse_response(status: int, body: bytes, latency_s: float) -> Completion:
     if status >= 400:
         raise RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), False, False)
     try:
-        obj = msgspec.json.decode(body)
-        choice = obj["choices"][0]
-        message = choice["message"]
-        usage = obj.get("usage") or {}
-    except (msgspec.DecodeError, KeyError, IndexError, TypeError) as exc:
+        return _completion(msgspec.json.decode(body), latency_s)
+    except (msgspec.DecodeError, KeyError, IndexError, TypeError, AttributeError,
+            ValueError) as exc:
+        # A 200 whose body is not a chat completion (garbage, a proxy's page, a wrong shape).
         snippet = body[:120].decode(errors="replace")
         raise RequestFailed("bad_response", f"{type(exc).__name__}: {snippet!r}",
                             True, True) from None
+
+
+def _dict(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} is not an object")
+    return value
+
+
+def _completion(obj: Any, latency_s: float) -> Completion:
+    choice = _dict(obj["choices"][0], "choices[0]")
+    message = _dict(choice["message"], "message")
+    usage = _dict(obj.get("usage"), "usage")
     finish = choice.get("finish_reason") or "stop"
     if isinstance(finish, dict):  # native /generate shape, tolerated
         finish = finish.get("type", "stop")
-    details = usage.get("completion_tokens_details") or {}
+    details = _dict(usage.get("completion_tokens_details"), "completion_tokens_details")
     reasoning_tokens = _int(usage.get("reasoning_tokens")) or _int(details.get("reasoning_tokens"))
-    spec = ((obj.get("sglext") or {}).get("spec_tokens_details") or {})
+    spec = _dict(_dict(obj.get("sglext"), "sglext").get("spec_tokens_details"), "sglext")
     if not spec:
-        spec = choice.get("meta_info") or {}
+        spec = _dict(choice.get("meta_info"), "meta_info")
     verify = spec.get("spec_verify_ct")
+    content, reasoning = message.get("content"), message.get("reasoning_content")
+    if not isinstance(content, str | None) or not isinstance(reasoning, str | None):
+        raise TypeError("content or reasoning_content is not a string")
+    tool_calls = message.get("tool_calls") or None
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise TypeError("tool_calls is not a list")
     return Completion(
-        reasoning_content=message.get("reasoning_content"),
-        content=message.get("content"),
-        tool_calls=message.get("tool_calls") or None,
+        reasoning_content=reasoning,
+        content=content,
+        tool_calls=tool_calls,
         finish_reason=str(finish),
         prompt_tokens=_int(usage.get("prompt_tokens")),
         completion_tokens=_int(usage.get("completion_tokens")),

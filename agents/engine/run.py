@@ -108,6 +108,7 @@ class Engine:
         self._epoch = 0
         self._live = 0  # request tasks not yet finished
         self._idle = asyncio.Event()
+        self.writer_error: str | None = None
         self._lock_fd = -1
         self.uploader: Uploader | None = None
         self.control: Control | None = None
@@ -131,6 +132,15 @@ class Engine:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self._lock_run_dir()
+        try:
+            self._prepare_locked()
+        except BaseException:
+            # Refused: let the next try (a resume in the same supervisor) take the lock.
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise
+
+    def _prepare_locked(self) -> None:
         _setup_file_log(self.run_dir / "logs" / "generate.log")
         keep_copy(self.spec, self.run_dir)
         self.pin = check_pin(self.spec, self.run_dir)
@@ -287,13 +297,15 @@ class Engine:
                 await self._idle.wait()
             if self._retry_tasks:
                 await asyncio.gather(*self._retry_tasks, return_exceptions=True)
-            if self._epoch == epoch and not self.stopping:
-                await self._write_q.join()
-                if self._epoch == epoch and not self._retry_tasks:
-                    return
+            # Lines still queued are not in the done-set yet: a new pass must not see them
+            # as to do.
+            await self._join_writer()
+            if self._epoch == epoch and not self.stopping and not self._retry_tasks:
+                return
 
     async def _request(self, prompt: prompt_io.Prompt, server: Server | None, attempt: int) -> None:
         tries = 0
+        queued = False  # once queued for the writer, the writer clears _inflight
         try:
             while server is not None:
                 tries += 1
@@ -303,7 +315,10 @@ class Engine:
                                         self.gen.sampling, self.gen.chat_template_kwargs)
                 try:
                     result = await chat(server.client, payload)
-                except RequestFailed as exc:
+                except BaseException as exc:
+                    if not isinstance(exc, RequestFailed):
+                        await self.dispatcher.release(server)  # never leak a server slot
+                        raise
                     if exc.server_fault and self.dispatcher.record_failure(
                         server, exc.message, exc.error == "connect"
                     ):
@@ -341,15 +356,21 @@ class Engine:
                 )
                 await self._write_q.put((prompt.index, attempt, encoder.encode(line) + b"\n",
                                          line, self._requeue_reason.get(prompt.index)))
+                queued = True
                 return
         finally:
-            self._inflight.discard(prompt.index)
+            if not queued:
+                self._inflight.discard(prompt.index)
             self._live -= 1
             if self._live == 0:
                 self._idle.set()
 
     async def _journal(self, events: list[Any]) -> None:
         await asyncio.to_thread(self.journal.append, events)
+
+    async def _join_writer(self) -> None:
+        """Wait until every queued line is on disk (or dropped after a write failure)."""
+        await self._write_q.join()
 
     async def _writer(self) -> None:
         q = self._write_q
@@ -360,8 +381,31 @@ class Engine:
                     group.append(q.get_nowait())
                 except asyncio.QueueEmpty:
                     break
-            closed = await asyncio.to_thread(self.store.write_group,
-                                             [(i, a, raw) for i, a, raw, _, _ in group])
+            if self.writer_error is not None:
+                # After a failed write nothing more is written: these lines are not durable,
+                # so they stay to do and a resume sends them again.
+                for i, _, _, _, _ in group:
+                    self._inflight.discard(i)
+                    q.task_done()
+                continue
+            try:
+                closed = await asyncio.to_thread(self.store.write_group,
+                                                 [(i, a, raw) for i, a, raw, _, _ in group])
+            except OSError as exc:
+                # A full disk, a failing device: what is on disk stays consistent (the store
+                # cut the half-written group); stop, and a resume redoes these lines.
+                self.writer_error = f"cannot write {self.store.folder}: {exc}"
+                self.message = (f"{self.writer_error}; stopped. Completed lines already on "
+                                "disk are safe; free space, then resume.")
+                log.error(self.message)
+                for i, _, _, _, _ in group:
+                    self._inflight.discard(i)
+                for _ in group:
+                    q.task_done()
+                self.request_stop()
+                continue
+            for i, _, _, _, _ in group:
+                self._inflight.discard(i)
             t = self.meter.totals
             for _, attempt, _, line, reason in group:
                 t.input_tokens += line.usage.prompt_tokens
@@ -393,17 +437,23 @@ class Engine:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        await self._write_q.join()
-        closed = await asyncio.to_thread(self.store.close_open_batch)
-        self._closed([closed] if closed else [])
+        await self._join_writer()
+        try:
+            closed = await asyncio.to_thread(self.store.close_open_batch)
+            self._closed([closed] if closed else [])
+        except OSError as exc:
+            self.writer_error = self.writer_error or f"cannot close the open batch: {exc}"
         if self.uploader is not None and self.uploader.pending:
             self.status = "draining"
             self._write_progress()
-            if not await self.uploader.drain(60.0 if self.stopping else 3600.0):
+            if not await self.uploader.drain(3600.0, stop=lambda: self.stopping):
                 self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
                                 f"({self.uploader.last_error}); a resume uploads them")
                 log.warning(self.message)
-        self.status = "stopped" if self.stopping else "done"
+        if self.writer_error is not None:
+            self.status = "failed"
+        else:
+            self.status = "stopped" if self.stopping else "done"
 
     # -- control ----------------------------------------------------------------------------
 
@@ -436,7 +486,14 @@ class Engine:
         """A retry being prepared keeps the run open until its indices are queued."""
         task = asyncio.get_running_loop().create_task(coro)
         self._retry_tasks.add(task)
-        task.add_done_callback(self._retry_tasks.discard)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._retry_tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                self.message = f"a retry request failed: {t.exception()!r}; issue it again"
+                log.error(self.message)
+
+        task.add_done_callback(done)
 
     async def _control_loop(self) -> None:
         path = self.run_dir / "control.json"
@@ -481,8 +538,13 @@ class Engine:
         decoder = msgspec.json.Decoder(_LineFields)
         done = self.store.done
         found = []
-        for path in sorted(self.store.folder.glob("completions_*.jsonl*")):
-            with open(path, "rb") as f:
+        for batch in sorted(self.store.folder.glob("completions_*.jsonl*")):
+            try:
+                f = open(batch, "rb")  # noqa: SIM115 - closed by the with below
+            except FileNotFoundError:
+                # The open batch closed (renamed) since the listing: read it under its new name.
+                f = open(batch.with_suffix(""), "rb")  # noqa: SIM115
+            with f:
                 for raw in f:
                     if not raw.endswith(b"\n"):
                         break  # the writer is mid-line in the open batch

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from agents.atomic import cut_torn_tail, fsync_dir
-from agents.crashpoint import crash_point
+from agents.crashpoint import crash_point, fail_point
 from agents.engine.doneset import DoneSet
 from agents.schema import line_key_decoder
 
@@ -171,6 +171,7 @@ class BatchStore:
             piece = lines[pos : pos + room]
             pos += len(piece)
             data = b"".join(raw for _, _, raw in piece)
+            fail_point("write_group")
             view = memoryview(data)
             while view:
                 written = os.write(self._fd, view)

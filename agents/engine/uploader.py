@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,31 +146,41 @@ class Uploader:
 
     async def run(self) -> None:
         """Upload forever, one batch at a time, retrying with backoff while S3 is down."""
+        delay = 1.0
         while True:
             item = await self._queue.get()
+            try:
+                rec = await asyncio.to_thread(self._upload, item)
+            except Exception as exc:
+                self.last_error = f"{item.path.name}: {type(exc).__name__}: {exc}"[:300]
+                log.warning("upload of %s failed, retrying in %.0f s: %s",
+                            item.path.name, delay, self.last_error)
+                # To the back of the queue: one batch that cannot go up must not hold back
+                # every batch after it.
+                self._queue.put_nowait(item)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
             delay = 1.0
-            while True:
-                try:
-                    rec = await asyncio.to_thread(self._upload, item)
-                except Exception as exc:
-                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
-                    log.warning("upload of %s failed, retrying in %.0f s: %s",
-                                item.path.name, delay, self.last_error)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 30.0)
-                    continue
-                self.uploaded[rec.batch] = rec
-                self.bytes += rec.size
+            self.uploaded[rec.batch] = rec
+            self.bytes += rec.size
+            if self._queue.empty():
                 self.last_error = None
-                self._pending -= 1
-                log.info("uploaded %s (%d bytes) to s3://%s/%s", rec.batch, rec.size,
-                         rec.bucket, rec.key)
-                break
+            self._pending -= 1
+            log.info("uploaded %s (%d bytes) to s3://%s/%s", rec.batch, rec.size,
+                     rec.bucket, rec.key)
 
-    async def drain(self, timeout: float) -> bool:
-        """Wait until nothing is pending, up to timeout; True when all are uploaded."""
+    async def drain(self, timeout: float, stop: Callable[[], bool] | None = None,
+                    after_stop_s: float = 60.0) -> bool:
+        """Wait until nothing is pending, up to timeout, or `after_stop_s` once `stop()` says
+        so (a stop must not wait an hour on an S3 outage); True when all are uploaded."""
         deadline = time.monotonic() + timeout
+        stop_deadline: float | None = None
         while self._pending and time.monotonic() < deadline:
+            if stop is not None and stop() and stop_deadline is None:
+                stop_deadline = time.monotonic() + after_stop_s
+            if stop_deadline is not None and time.monotonic() > stop_deadline:
+                break
             await asyncio.sleep(0.1)
         return self._pending == 0
 

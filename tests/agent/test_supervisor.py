@@ -184,3 +184,17 @@ def test_unreachable_s3_fails_the_job_with_a_reason_not_the_supervisor(supervise
     assert "[s3] bucket 'nowhere'" in snap["message"]
     r = agent("generate", str(run.spec))
     assert r.returncode == 2 and "need the supervisor" in r.stderr
+
+
+def test_down_and_resume_during_server_start_up(supervised) -> None:
+    # Servers that take a while to load: the supervisor is still starting them.
+    run = supervised(1, prompts=50, sim_args="--load-seconds 200")
+    assert agent("up", str(run.spec)).returncode == 0
+    r = agent("resume", str(run.run_dir))
+    assert r.returncode == 1 and "still starting" in r.stderr
+    sup = run.supervisor_pid()
+    t = time.monotonic()
+    assert agent("down", str(run.run_dir), "--yes").returncode == 0
+    wait_until(lambda: not alive(sup), 30, "supervisor gone")
+    assert time.monotonic() - t < 30
+    assert not (run.run_dir / "progress.json").exists(), "the job started after down"

@@ -205,3 +205,20 @@ def test_bootstrap_installs_the_agent_then_status_works(sshd: SshServer, running
     r = fleetdeck(fleet, "status", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["nodes"][0]["snapshot"]["run"] == "agent-test"
+
+
+def test_no_known_hosts_file_is_an_unknown_host_not_an_unreachable_one(
+        sshd: SshServer, running, tmp_path: Path) -> None:
+    missing = tmp_path / "fresh-laptop" / "known_hosts"
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(node_toml("gen-1", sshd, running.run_dir, known_hosts=missing))
+    r = fleetdeck(fleet, "status")
+    assert r.returncode == 3 and "unknown host key SHA256:" in r.stdout, r.stdout
+    r = fleetdeck(fleet, "--accept-new-host-key", "status")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"[127.0.0.1]:{sshd.port}" in missing.read_text()
+    dead = tmp_path / "fleet-dead.toml"
+    dead.write_text(node_toml("gone", sshd, running.run_dir, port=free_ports(1)[0],
+                              known_hosts=tmp_path / "nope" / "known_hosts"))
+    r = fleetdeck(dead, "--accept-new-host-key", "status")
+    assert r.returncode == 3 and "no SSH answer" in r.stdout

@@ -135,3 +135,39 @@ def test_retry_truncated_after_max_tokens_raise(tmp_path: Path, sims) -> None:
     again = start_engine(spec)
     assert again.wait(60) == 0
     assert read_run(run_dir).lines == st.lines
+
+
+def test_retry_truncated_while_running_writes_no_line_twice(tmp_path: Path, sims) -> None:
+    sim = sims("--truncation-share", "0.3", "--time-scale", "0.05")
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 1500)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], max_tokens=64, batch_size=40,
+                      concurrency_per_server=32)
+    engine = start_engine(spec)
+    run_dir = tmp_path / "run"
+    wait_progress(engine, lambda p: p["truncated"] >= 40, 60, "some truncated lines")
+    assert agent("max-tokens", str(run_dir), "2048").returncode == 0
+    assert agent("retry", str(run_dir), "truncated").returncode == 0
+    assert engine.wait(180) == 0, engine.stderr()
+    st = read_run(run_dir)  # asserts no (index, attempt) line twice, done = lines
+    assert st.todo == set() and len(st.current) == 1500
+    retried = [line for line in st.current.values() if line["attempt"] == 2]
+    assert retried and all(line["max_tokens"] == 2048 for line in retried)
+
+
+def test_a_full_disk_stops_the_engine_cleanly_and_resume_finishes(tmp_path: Path, sims) -> None:
+    sim = sims()
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 400)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], batch_size=30)
+    full = start_engine(spec, env={"FLEETDECK_FAIL_AT": "write_group:4"})
+    assert full.wait(120) == 1, full.stderr()
+    progress = json.loads((tmp_path / "run" / "progress.json").read_text())
+    assert progress["status"] == "failed"
+    assert "No space left on device" in progress["message"] and "resume" in progress["message"]
+    before = read_run(tmp_path / "run")
+    assert 0 < len(before.current) < 400
+    resumed = start_engine(spec)
+    assert resumed.wait(120) == 0, resumed.stderr()
+    st = read_run(tmp_path / "run")
+    assert st.todo == set() and len(st.current) + len(st.failed) == 400

@@ -77,3 +77,19 @@ def test_relative_paths_are_relative_to_the_spec(tmp_path: Path) -> None:
     spec = load_spec(_spec(tmp_path, ""))
     assert spec.prompts_path == tmp_path / "p.jsonl"
     assert spec.run_dir == tmp_path
+
+
+@pytest.mark.parametrize("body", [
+    b'{"choices": [{"message": "x"}]}',
+    b'{"choices": [{"message": {"content": "a"}}], "usage": 5}',
+    b'{"choices": [{"message": {"content": 7}}]}',
+    b'{"choices": []}',
+    b'<html>bad gateway</html>',
+    b'{"choices": [{"message": {"content": "a", "tool_calls": "call"}}]}',
+])
+def test_a_200_that_is_not_a_chat_completion_is_a_retryable_bad_response(body: bytes) -> None:
+    from agents.engine.client import RequestFailed, parse_response
+
+    with pytest.raises(RequestFailed) as err:
+        parse_response(200, body, 0.1)
+    assert err.value.error == "bad_response" and err.value.retryable and err.value.server_fault

@@ -1,19 +1,24 @@
-"""Pull over SFTP from a real sshd: resumable, checksummed; the decommission gate."""
+"""Pull over SFTP from a real sshd, by OpenSSH's sftp and by the asyncssh fallback: resumable,
+checksummed; the decommission gate."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from console.decommission import checklist, pull_node
 from console.fleet import Node
-from console.pull import PULL_CIPHERS, Progress
-from console.transport import AgentLink
+from console.pull import PULL_CIPHERS, Puller, open_source, pull_engine
+from console.transport import AgentLink, ssh_connect
 from tests.servers.s3 import S3Server
 from tests.servers.sshd import SshServer
 
@@ -37,34 +42,73 @@ async def _link(node: Node) -> AgentLink:
     return link
 
 
+def _session_children(sshd_pid: int) -> list[int]:
+    """The per-connection processes of the sshd: killing them drops every SSH session."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2:].split()[1]) == sshd_pid:
+                kids.append(int(entry))
+    return kids
+
+
+async def _drop_connections_at(part: Path, size: int, sshd: SshServer) -> None:
+    """Kill the node's SSH sessions once `part` holds more than `size` bytes: the data path
+    itself loses its connection mid-file, whichever client it is."""
+    while not (part.exists() and part.stat().st_size > size):
+        await asyncio.sleep(0.002)
+    for pid in _session_children(sshd.proc.pid):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+# Names a batch line must quote (and one it cannot carry, which takes the per-file path).
+ODD_NAMES = ['we ird*[1]?.log', 'q"uo\\te\'s #.log', "-dash.log", "new\nline.log"]
+
+
+@pytest.mark.parametrize("engine", ["openssh", "asyncssh"])
 async def test_pull_resumes_after_a_dropped_connection(sshd: SshServer, finished_run: Path,
-                                                      tmp_path: Path, s3: S3Server) -> None:
+                                                      tmp_path: Path, s3: S3Server,
+                                                      engine: str) -> None:
+    if engine == "openssh" and shutil.which("sftp") is None:
+        pytest.skip("OpenSSH's sftp client is not installed")
     node = make_node(sshd, finished_run, s3)
     pulls = tmp_path / "pulls"
     big = finished_run / "logs" / "big.log"
+    for name in ODD_NAMES:
+        (finished_run / "logs" / name).write_text(f"odd file {name!r}\n")
     link = await _link(node)
     assert link.conn is not None
     cipher = link.conn.get_extra_info("send_cipher")
     assert cipher == "aes128-gcm@openssh.com"
 
-    def cut(p: Progress) -> None:
-        # Drop the SSH connection once the big file is well under way.
-        if p.bytes_done > big.stat().st_size // 2 and link.conn is not None:
-            link.conn.abort()
-
-    first = await pull_node(link, node, pulls, on_progress=cut)
-    await link.close()
     dest = pulls / "gen-1" / "test-run"
-    assert "logs/big.log" in first.failed, "the drop should have hit the big file"
     part = dest / "logs" / "big.log.fdpart"
+    # Drop the SSH connections once the big file is well under way.
+    cut = asyncio.create_task(_drop_connections_at(part, big.stat().st_size // 2, sshd))
+    try:
+        first = await pull_node(link, node, pulls, engine=engine)
+    finally:
+        cut.cancel()
+        await asyncio.gather(cut, return_exceptions=True)
+        await link.close()
+    assert first.engine == engine
+    assert "logs/big.log" in first.failed, "the drop should have hit the big file"
     offset = part.stat().st_size
     assert 0 < offset < big.stat().st_size
     done_before = set(first.copied)
 
     link = await _link(node)
-    second = await pull_node(link, node, pulls)
+    second = await pull_node(link, node, pulls, engine=engine)
     await link.close()
     assert second.ok, second.failed
+    assert second.engine == engine and not second.notes
     assert second.resumed["logs/big.log"] == offset
     assert done_before <= set(second.skipped), "finished files were copied again"
     assert not set(second.copied) & done_before
@@ -82,6 +126,9 @@ async def test_pull_resumes_after_a_dropped_connection(sshd: SshServer, finished
                 : e["size"]], e["path"]
     assert (dest / "completions" / ".done_indices").exists()
     assert len(list((dest / "logs").glob("shard_*.log"))) == 300
+    for name in ODD_NAMES:
+        assert (dest / "logs" / name).read_text() == f"odd file {name!r}\n"
+    assert not list(dest.rglob("*.fdpart")), "parts left behind"
 
 
 async def test_decommission_gate(sshd: SshServer, finished_run: Path, tmp_path: Path,
@@ -92,7 +139,9 @@ async def test_decommission_gate(sshd: SshServer, finished_run: Path, tmp_path: 
     try:
         before = await checklist(link, node, pulls)
         assert not before.ok
-        assert [i.ok for i in before.items] == [True, True, False], before.items[1]
+        assert [i.name for i in before.items] == ["run finished", "verify (S3 and counts)",
+                                                  "nothing refused", "artifacts pulled"]
+        assert [i.ok for i in before.items] == [True, True, True, False], before.items
         report = await pull_node(link, node, pulls)
         assert report.ok
         assert (await checklist(link, node, pulls)).ok
@@ -101,7 +150,7 @@ async def test_decommission_gate(sshd: SshServer, finished_run: Path, tmp_path: 
         altered.write_text(altered.read_text() + "{}\n")
         gate = await checklist(link, node, pulls)
         assert not gate.ok
-        assert gate.items[2].missing == ["failures.jsonl (differs)"]
+        assert gate.items[3].missing == ["failures.jsonl (differs)"]
         # An S3 object gone: verify fails and names the batch.
         client = s3.client()
         client.delete_object(Bucket=s3.bucket, Key="runs/test/completions_000003.jsonl")
@@ -143,3 +192,169 @@ def test_manifest_paths_leaving_the_run_dir_are_refused(bad: str) -> None:
 
     with pytest.raises(PullError):
         safe_rel(bad)
+
+
+def test_training_pull_set_takes_latest_and_best_checkpoints_only() -> None:
+    from agents.schema import ManifestEntry
+    from console.pull import pull_set
+
+    def entry(path: str, kind: str) -> ManifestEntry:
+        return ManifestEntry(path=path, kind=kind, size=1, mtime=0, mtime_ns=0,  # type: ignore[arg-type]
+                             sha256="0" * 64)
+
+    entries = [entry("progress.json", "state"), entry("logs/train.log", "log"),
+               entry("checkpoints/best.json", "checkpoint")]
+    for step in (100, 200, 300):
+        entries.append(entry(f"checkpoints/epoch_0_step_{step}/drafter.safetensors",
+                             "checkpoint"))
+    train = {"last_checkpoint": "checkpoints/epoch_0_step_300",
+             "best_checkpoint": "/abs/run/checkpoints/epoch_0_step_100/"}
+    chosen = {e.path for e in pull_set(entries, "train", False, train)}
+    assert chosen == {"progress.json", "logs/train.log", "checkpoints/best.json",
+                      "checkpoints/epoch_0_step_300/drafter.safetensors",
+                      "checkpoints/epoch_0_step_100/drafter.safetensors"}
+    assert len(pull_set(entries, "train", True, train)) == len(entries)
+
+
+def test_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from console.pull import ENGINE_ENV, PullError
+
+    monkeypatch.setenv(ENGINE_ENV, "asyncssh")
+    assert pull_engine() == "asyncssh"
+    assert pull_engine("openssh") == "openssh"  # the argument wins
+    monkeypatch.delenv(ENGINE_ENV)
+    assert pull_engine() == ("openssh" if shutil.which("sftp") else "asyncssh")
+    monkeypatch.setenv(ENGINE_ENV, "rsync")
+    with pytest.raises(PullError):
+        pull_engine()
+
+
+def test_sftp_batches_quote_names_and_balance_bytes() -> None:
+    from console.opensftp import Job, batch_line, plan, quote
+
+    assert quote('a "b" \\c*?[d]') == '"a \\"b\\" \\\\c*?[d]"'
+    assert batch_line("-x") == b'-reget "./-x" "./-x.fdpart"\n'
+    assert batch_line("a\nb") is None and batch_line("x" * 1100) is None
+    jobs = [Job(f"big{i}", 100 * 2**20, b"") for i in range(10)]
+    jobs += [Job(f"small{i}", 4096, b"") for i in range(1000)]
+    batches = plan(jobs, 4)
+    loads = [sum(j.size for j in b) for b in batches]
+    assert len(batches) == 4 and max(loads) <= 3 * 100 * 2**20 + 2**20
+    assert sorted(j.rel for b in batches for j in b) == sorted(j.rel for j in jobs)
+    assert plan(jobs[:2], 4) == [[jobs[0]], [jobs[1]]]
+
+
+def _procs(which: Callable[[int, int], bool]) -> list[str]:
+    """Live processes (not zombies) for which which(ppid, pgrp) holds, as 'pid comm'."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            state, ppid, pgrp = stat[stat.rfind(")") + 2:].split()[:3]
+            if state != "Z" and which(int(ppid), int(pgrp)):
+                found.append(f"{entry} {stat[stat.index('(') + 1:stat.rfind(')')]}")
+    return found
+
+
+def _alive(groups: set[int]) -> list[str]:
+    return _procs(lambda ppid, pgrp: pgrp in groups)
+
+
+async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServer,
+                                                                   tmp_path: Path) -> None:
+    if shutil.which("sftp") is None:
+        pytest.skip("OpenSSH's sftp client is not installed")
+    from agents.schema import ManifestEntry
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    files = {"grown.log": b"a" * 5000 + b"b" * 300, "wrong": b"x" * 100, "empty": b"",
+             "big.bin": os.urandom(128 * 2**20)}
+    for name, data in files.items():
+        (run_dir / name).write_bytes(data)
+
+    def entry(path: str, data: bytes, sha: str | None = None) -> ManifestEntry:
+        return ManifestEntry(path=path, kind="log", size=len(data), mtime=0, mtime_ns=0,
+                             sha256=sha or hashlib.sha256(data).hexdigest())
+
+    entries = [entry("grown.log", b"a" * 5000),  # a log that grew after it was hashed
+               entry("wrong", files["wrong"], "0" * 64), entry("empty", b""),
+               entry("gone", b"was here"), entry("big.bin", files["big.bin"])]
+    node = Node(name="gen-1", host="127.0.0.1", port=sshd.port, user=sshd.user,
+                identity_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts),
+                run_dir=str(run_dir), connect_timeout_s=5)
+    dest = tmp_path / "pulls"
+    conn = await ssh_connect(node, PULL_CIPHERS)
+    try:
+        # Cancelled mid-file: the sftp processes (and their ssh) die, the part stays.
+        source = await open_source(node, conn, "openssh")
+        groups: set[int] = set()
+        part = dest / "big.bin.fdpart"
+        task = asyncio.create_task(Puller(source, dest).run(entries))
+        while not (part.exists() and part.stat().st_size > 0):
+            # sftp runs in a process group of its own (pgid = its pid), with ssh under it.
+            groups |= {int(p.split()[0]) for p in _procs(lambda ppid, pgrp: ppid == os.getpid())
+                       if p.split()[1] == "sftp"}
+            await asyncio.sleep(0.002)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert groups
+        for _ in range(250):
+            if not _alive(groups):
+                break
+            await asyncio.sleep(0.02)
+        assert not _alive(groups), _alive(groups)
+        offset = part.stat().st_size
+        assert 0 < offset < len(files["big.bin"])
+
+        report = await Puller(source, dest).run(entries)
+        await source.close()
+        assert report.engine == "openssh" and not report.notes
+        assert report.resumed == {"big.bin": offset}
+        assert "big.bin" in report.copied  # the small ones may have made it before the cancel
+        assert set(report.copied) | set(report.skipped) == {"big.bin", "empty", "grown.log"}
+        assert (dest / "grown.log").read_bytes() == b"a" * 5000
+        assert (dest / "empty").read_bytes() == b""
+        assert (dest / "big.bin").read_bytes() == files["big.bin"]
+        assert report.refetched == ["wrong"]
+        assert report.failed["wrong"] == "sha256 differs from the manifest twice"
+        assert "not found" in report.failed["gone"]
+        assert set(report.failed) == {"wrong", "gone"}
+
+        # An sftp that cannot reach the node while the agent link can: asyncssh takes over.
+        fake = tmp_path / "sftp"
+        fake.write_text("#!/bin/sh\necho 'Host key verification failed.' >&2\nexit 255\n")
+        fake.chmod(0o755)
+        source = await open_source(node, conn, "openssh")
+        assert hasattr(source, "fetcher")
+        source.fetcher.sftp = str(fake)
+        again = dest / "again"
+        report = await Puller(source, again).run(entries[:1] + entries[2:3] + entries[4:])
+        await source.close()
+        assert report.ok, report.failed
+        assert report.engine == "asyncssh"
+        assert "Host key verification failed" in report.notes[0]
+        assert (again / "big.bin").read_bytes() == files["big.bin"]
+    finally:
+        conn.close()
+
+
+async def test_a_refused_file_fails_the_gate(sshd: SshServer, finished_run: Path,
+                                             tmp_path: Path, s3: S3Server) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not part of the run\n")
+    (finished_run / "logs" / "escape.log").symlink_to(outside)
+    node = make_node(sshd, finished_run, s3)
+    link = await _link(node)
+    try:
+        report = await pull_node(link, node, tmp_path / "pulls")
+        assert report.ok and report.refused == ["logs/escape.log"]
+        gate = await checklist(link, node, tmp_path / "pulls")
+    finally:
+        await link.close()
+    refused = gate.items[2]
+    assert not gate.ok and not refused.ok and refused.missing == ["logs/escape.log (symlink)"]
+    assert not (tmp_path / "pulls" / "gen-1" / "test-run" / "logs" / "escape.log").exists()
