@@ -182,10 +182,16 @@ def headless(fleet: Fleet, duration: float) -> None:
     asyncio.run(loop())
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def run_demo(args: argparse.Namespace) -> int:
     demo = Demo(args.prompts)
-    # SIGTERM ends the demo like Ctrl-C does: through the cleanup below.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # SIGTERM, and SIGHUP (the terminal or the SSH session closed), end the demo like Ctrl-C
+    # does: through the cleanup below, never leaving servers behind.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     try:
         fleet = demo.start()
         print(f"fleetdeck demo: a simulated {GPUS}-GPU node in {demo.folder}", file=sys.stderr)
@@ -203,5 +209,8 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"fleetdeck demo: {exc}", file=sys.stderr)
         return 1
     finally:
-        print("fleetdeck demo: stopping everything it started", file=sys.stderr)
+        try:
+            print("fleetdeck demo: stopping everything it started", file=sys.stderr)
+        except OSError:
+            pass  # the terminal is gone (SIGHUP): clean up all the same
         demo.stop()
