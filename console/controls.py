@@ -248,59 +248,18 @@ class Controls:
     # -- artifacts ----------------------------------------------------------------------------
 
     async def pull(self, node: str) -> None:
-        from console.decommission import pull_node
-        from console.pull import Progress as PullProgress
-        from console.pull import PullError
-
-        link = self.app.links.get(node)
-        if link is None or self.app.state.nodes[node].link != "connected":
-            self.app.report(node, "Pull failed: not connected", ok=False)
-            return
-        last = [0.0]
-
-        def progress(p: PullProgress) -> None:
-            now = time.monotonic()
-            if now - last[0] >= 5.0:
-                last[0] = now
-                self.app.report(node, f"pull: {p.files_done}/{p.files_total} files, "
-                                f"{f.size(p.bytes_done)} of {f.size(p.bytes_total)}")
-
-        self.app.report(node, f"pull started into {self.app.fleet.pull_dir}")
-        try:
-            report = await pull_node(link, self.app.fleet.node(node), self.app.fleet.pull_dir,
-                                     on_progress=progress)
-        except RpcError as exc:
-            self.app.report(node, f"Pull refused: {exc.message}", ok=False)
-            return
-        except (PullError, ConnectionError, TimeoutError, OSError) as exc:
-            self.app.report(node, f"Pull failed: {exc}", ok=False)
-            return
-        if report.ok:
-            self.app.report(node, f"pulled into {report.dest}: {len(report.copied)} copied, "
-                            f"{len(report.skipped)} already here, "
-                            f"{f.size(report.bytes_transferred)} transferred")
-        else:
-            first = next(iter(report.failed.items()))
-            self.app.report(node, f"pull incomplete: {len(report.failed)} files failed "
-                            f"({first[0]}: {first[1]})", ok=False)
+        """Pull into the configured folder, with its progress bar, then the checklist."""
+        await self._decommission_screen(node, pull_first=True)
 
     async def decommission(self, node: str) -> None:
-        from console.decommission import checklist
-        from console.pull import PullError
+        await self._decommission_screen(node, pull_first=False)
+
+    async def _decommission_screen(self, node: str, pull_first: bool) -> None:
+        from console.screens.decommission import DecommissionScreen
 
         link = self.app.links.get(node)
         if link is None or self.app.state.nodes[node].link != "connected":
-            self.app.report(node, "Decommission check failed: not connected", ok=False)
+            what = "Pull" if pull_first else "Decommission check"
+            self.app.report(node, f"{what} failed: not connected", ok=False)
             return
-        try:
-            result = await checklist(link, self.app.fleet.node(node), self.app.fleet.pull_dir)
-        except RpcError as exc:
-            self.app.report(node, f"Decommission check refused: {exc.message}", ok=False)
-            return
-        except (PullError, ConnectionError, TimeoutError, OSError) as exc:
-            self.app.report(node, f"Decommission check failed: {exc}", ok=False)
-            return
-        lines = [f"{'✓' if i.ok else '✗'} {i.name}: {i.detail}" for i in result.items]
-        verdict = "safe to give back" if result.ok else "NOT safe to give back"
-        self.app.report(node, f"decommission check: {verdict}\n" + "\n".join(lines),
-                        ok=result.ok)
+        await self.app.push_screen(DecommissionScreen(node, pull_first=pull_first))

@@ -212,18 +212,27 @@ async def test_a_hung_node_never_stalls_the_live_one(live_run: LiveRun, sshd: Ss
 
 
 async def test_pull_and_decommission_check(live_run: LiveRun, tmp_path: Path) -> None:
-    rec = Recorder()
+    from textual.widgets import Label, Static
+
+    from console.screens.decommission import DecommissionScreen
+
     pulls = tmp_path / "pulls"
     app = FleetdeckApp(live_run.fleet(pull_dir=str(pulls)))
-    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+    async with app.run_test(size=SIZE) as pilot:
         await open_node(pilot, app)
         await pilot.press("u")
-        await until(pilot, lambda: rec.has("sim-1: pulled into"), 60, "the pull's report")
+        screen = await until(pilot, lambda: app.screen if isinstance(app.screen,
+                             DecommissionScreen) else None, 30, "the decommission screen")
+        assert isinstance(screen, DecommissionScreen)
+        label = screen.query_one("#pull-label", Label)
+        await until(pilot, lambda: str(label.render()).startswith("pulled:"), 60, "the pull")
         assert (pulls / "sim-1" / "tui-test" / "run.toml").exists()
-        await pilot.press("k")
-        await until(pilot, lambda: rec.has("decommission check: NOT safe"), 60,
-                    "the checklist (the run is live: not safe)")
-        assert rec.has("✗ run finished")
+        items = screen.query_one("#items", Static)
+        await until(pilot, lambda: "run finished" in str(items.render()), 60, "the checklist")
+        assert "✗ run finished" in str(items.render())  # the run is live: not safe
+        assert "NOT safe" in str(screen.query_one("#verdict", Label).render())
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, DecommissionScreen), 10, "closed")
 
 
 async def test_down(live_run: LiveRun) -> None:
