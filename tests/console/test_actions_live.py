@@ -26,17 +26,17 @@ SIZE = (160, 48)
 
 async def open_node(pilot: Any, app: FleetdeckApp) -> GenerateScreen:
     await until(pilot, lambda: progress(app) is not None and progress(app).status == "running"
-                and len(snapshot(app).servers) == 2, 60, "a running snapshot")
+                and len(snapshot(app).servers) == 2, 180, "a running snapshot")
     await pilot.press("enter")
     screen = await until(pilot, lambda: app.screen if isinstance(app.screen, GenerateScreen)
-                         else None, 30, "the node screen")
+                         else None, 90, "the node screen")
     assert isinstance(screen, GenerateScreen)
     return screen
 
 
 async def answer_value(pilot: Any, app: FleetdeckApp, text: str) -> None:
     modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ValueModal)
-                        else None, 30, "the value prompt")
+                        else None, 90, "the value prompt")
     field = modal.query_one(Input)
     assert field.has_focus
     await pilot.press(*text)  # the current value is selected: typing replaces it
@@ -45,7 +45,7 @@ async def answer_value(pilot: Any, app: FleetdeckApp, text: str) -> None:
 
 async def confirm(pilot: Any, app: FleetdeckApp, question: str) -> None:
     modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ConfirmModal)
-                        else None, 30, "the confirmation")
+                        else None, 90, "the confirmation")
     assert question in modal.question
     await pilot.press("y")
 
@@ -88,7 +88,7 @@ async def test_live_controls(live_run: LiveRun) -> None:
         # Max tokens: the prompt shows the truncation rate beside it.
         await pilot.press("m")
         modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ValueModal)
-                            else None, 30, "the max tokens prompt")
+                            else None, 90, "the max tokens prompt")
         assert "truncated" in str(modal.note)
         await answer_value(pilot, app, "200")
         await pilot.press("enter")
@@ -98,7 +98,7 @@ async def test_live_controls(live_run: LiveRun) -> None:
         # Retry truncated: a choice, then the engine applies a new control revision.
         rev = progress(app).control_rev
         await pilot.press("R")
-        await until(pilot, lambda: isinstance(app.screen, ChoiceModal), 30, "retry choice")
+        await until(pilot, lambda: isinstance(app.screen, ChoiceModal), 90, "retry choice")
         await pilot.press("t")
         await until(pilot, lambda: progress(app).control_rev > rev
                     and f"rev {progress(app).control_rev}" in screen_text(app), 15,
@@ -128,20 +128,20 @@ async def test_restart_stop_resume(live_run: LiveRun) -> None:
         await pilot.press("down")
         await pilot.press("x")
         await confirm(pilot, app, "Restart server 1")
-        await until(pilot, lambda: server(app, 1).restarts > before, 60, "a restart counted")
-        await until(pilot, lambda: server(app, 1).state == "healthy", 60, "server 1 back")
+        await until(pilot, lambda: server(app, 1).restarts > before, 180, "a restart counted")
+        await until(pilot, lambda: server(app, 1).state == "healthy", 180, "server 1 back")
 
         await pilot.press("s")
         await confirm(pilot, app, "Stop the job")
         await until(pilot, lambda: snapshot(app).status == "stopped"
-                    and "stopped" in screen_text(app), 60, "stopped on screen")
+                    and "stopped" in screen_text(app), 180, "stopped on screen")
         # The agent's refusal is a notification, not a crash.
         await pilot.press("s")
         await confirm(pilot, app, "Stop the job")
         await until(pilot, lambda: rec.has("Stop refused: no job is running"), 15,
                     "the agent's error shown")
         await pilot.press("r")
-        await until(pilot, lambda: snapshot(app).status == "running", 60, "running again")
+        await until(pilot, lambda: snapshot(app).status == "running", 180, "running again")
         assert rec.has("resume:")
         assert not app.render_errors
 
@@ -170,14 +170,14 @@ async def palette_titles(pilot: Any, app: FleetdeckApp, query: str) -> str:
 
     await pilot.press("ctrl+p")
     palette = await until(pilot, lambda: app.screen if isinstance(app.screen, CommandPalette)
-                          else None, 30, "the palette")
+                          else None, 90, "the palette")
     await pilot.press(*query)
     results = palette.query_one(CommandList)
     await until(pilot, lambda: results.option_count > 0, 30, f"palette hits for {query}")
     text = "\n".join(str(results.get_option_at_index(i).prompt)
                      for i in range(results.option_count))
     await pilot.press("escape")
-    await until(pilot, lambda: not isinstance(app.screen, CommandPalette), 30, "palette closed")
+    await until(pilot, lambda: not isinstance(app.screen, CommandPalette), 90, "palette closed")
     return text
 
 
@@ -204,7 +204,7 @@ async def test_a_hung_node_never_stalls_the_live_one(live_run: LiveRun, sshd: Ss
                         60, "the live node's row")
             first, row = progress(app).completed, live_row()
             await until(pilot, lambda: app.state.nodes["hung"].link == "unreachable"
-                        and "unreachable" in screen_text(app), 60, "the hung node shown")
+                        and "unreachable" in screen_text(app), 180, "the hung node shown")
             await until(pilot, lambda: progress(app).completed > first and live_row() != row,
                         60, "the live node's row moving meanwhile")
     finally:
@@ -222,13 +222,13 @@ async def test_pull_and_decommission_check(live_run: LiveRun, tmp_path: Path) ->
         await open_node(pilot, app)
         await pilot.press("u")
         screen = await until(pilot, lambda: app.screen if isinstance(app.screen,
-                             DecommissionScreen) else None, 30, "the decommission screen")
+                             DecommissionScreen) else None, 90, "the decommission screen")
         assert isinstance(screen, DecommissionScreen)
         label = screen.query_one("#pull-label", Label)
-        await until(pilot, lambda: str(label.render()).startswith("pulled:"), 60, "the pull")
+        await until(pilot, lambda: str(label.render()).startswith("pulled:"), 180, "the pull")
         assert (pulls / "sim-1" / "tui-test" / "run.toml").exists()
         items = screen.query_one("#items", Static)
-        await until(pilot, lambda: "run finished" in str(items.render()), 60, "the checklist")
+        await until(pilot, lambda: "run finished" in str(items.render()), 180, "the checklist")
         assert "✗ run finished" in str(items.render())  # the run is live: not safe
         assert "NOT safe" in str(screen.query_one("#verdict", Label).render())
         await pilot.press("escape")
@@ -245,4 +245,4 @@ async def test_down(live_run: LiveRun) -> None:
         await pilot.press("D")
         await confirm(pilot, app, "Take sim-1 down")
         await until(pilot, lambda: rec.has("down:"), 45, "down acknowledged")
-        await until(pilot, lambda: not alive(pid), 60, "the supervisor gone")
+        await until(pilot, lambda: not alive(pid), 180, "the supervisor gone")
