@@ -171,3 +171,29 @@ def test_a_full_disk_stops_the_engine_cleanly_and_resume_finishes(tmp_path: Path
     assert resumed.wait(120) == 0, resumed.stderr()
     st = read_run(tmp_path / "run")
     assert st.todo == set() and len(st.current) + len(st.failed) == 400
+
+
+def test_retry_failed_turns_failures_into_completions(tmp_path: Path, sims) -> None:
+    flaky = sims("--error-rate", "0.4")
+    prompts = tmp_path / "prompts.jsonl"
+    bad = write_prompts(prompts, 300, bad_every=50)
+    spec = write_spec(tmp_path / "run.toml", prompts, [flaky.url], retries=1, batch_size=40)
+    assert start_engine(spec).wait(120) == 0
+    run_dir = tmp_path / "run"
+    st = read_run(run_dir)
+    failed_before = st.failed - bad
+    assert len(failed_before) > 30 and bad <= st.failed
+    steady = sims()
+    spec = write_spec(tmp_path / "run.toml", prompts, [steady.url], retries=1, batch_size=40)
+    assert agent("retry", str(run_dir), "failed").returncode == 0
+    again = start_engine(spec)
+    assert again.wait(120) == 0, again.stderr()
+    st = read_run(run_dir)
+    assert failed_before <= set(st.current), "every failed index was generated again"
+    assert st.failed == bad, "malformed prompts stay failed: retrying cannot fix them"
+    assert all(st.current[i]["attempt"] == 1 for i in failed_before)
+    progress = json.loads((run_dir / "progress.json").read_text())
+    assert progress["failed"] == len(bad) and progress["completed"] == 300 - len(bad)
+    # A second resume does not retry again.
+    assert start_engine(spec).wait(60) == 0
+    assert read_run(run_dir).lines == st.lines
