@@ -3,9 +3,11 @@ the theme), and the node bar at the top of a node's screens."""
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 from rich.text import Text
+from textual.message_pump import _MessagePumpMeta  # Screen's metaclass, to combine with ABC
 from textual.screen import Screen
 from textual.theme import Theme
 
@@ -24,13 +26,18 @@ class ViewContext:
     read_only: bool = False
 
 
-class View(Screen[None]):
+class _ViewMeta(abc.ABCMeta, _MessagePumpMeta):
+    """Screens' own metaclass plus ABCMeta, so a view without show() cannot be made."""
+
+
+class View(Screen[None], metaclass=_ViewMeta):
     """A screen the app redraws from state; `node_name` is the node it shows (None: fleet)."""
 
     node_name: str | None = None
 
+    @abc.abstractmethod
     def show(self, ctx: ViewContext) -> None:
-        raise NotImplementedError
+        """Render ctx's state; every concrete view defines it."""
 
     def forget(self) -> None:
         """Drop cached cells so the next show redraws everything (after a theme change)."""
