@@ -43,11 +43,11 @@ sys.path.insert(0, str(ROOT))
 from agents import PROTOCOL_VERSION  # noqa: E402
 from agents.engine.run import Engine  # noqa: E402
 from agents.ewma import EwmaRate  # noqa: E402
-from agents.procinfo import alive  # noqa: E402
-from agents.rpc import RpcClient  # noqa: E402
-from agents.runspec import load_spec  # noqa: E402
-from agents.schema import encoder  # noqa: E402
-from agents.supervisor import Supervisor  # noqa: E402
+from agents.rpc.protocol import RpcClient  # noqa: E402
+from agents.rundir.schema import encoder  # noqa: E402
+from agents.rundir.spec import load_spec  # noqa: E402
+from agents.supervise.procinfo import alive  # noqa: E402
+from agents.supervise.supervisor import Supervisor  # noqa: E402
 from tests.engine.runs import write_prompts, write_spec  # noqa: E402
 from tests.servers.ports import kill_pid, wait_until  # noqa: E402
 from tests.servers.sshd import SshServer, start_sshd  # noqa: E402

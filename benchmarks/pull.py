@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from console.decommission import pull_node  # noqa: E402
+from console.artifacts.decommission import pull_node  # noqa: E402
+from console.artifacts.opensftp import sftp_command  # noqa: E402
+from console.artifacts.pull import PULL_CIPHERS, fetch_manifest  # noqa: E402
 from console.fleet import Node  # noqa: E402
-from console.opensftp import sftp_command  # noqa: E402
-from console.pull import PULL_CIPHERS, fetch_manifest  # noqa: E402
 from console.transport import AgentLink  # noqa: E402
 from tests.servers.sshd import SshServer, start_sshd  # noqa: E402
 

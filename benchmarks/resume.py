@@ -60,7 +60,7 @@ def build(root: Path) -> Path:
 ENGINE = """
 import resource, time, sys
 t = time.perf_counter()
-from agents.runspec import load_spec
+from agents.rundir.spec import load_spec
 from agents.engine.run import Engine
 e = Engine(load_spec({spec!r}))
 e.prepare()

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents.runspec import load_spec
+from agents.rundir.spec import load_spec
 from tests.trainer.tinyworld import (
     build_world,
     cycle_prompt,

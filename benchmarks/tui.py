@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from console import app as app_module  # noqa: E402
-from console.app import FleetdeckApp  # noqa: E402
 from console.fleet import ConsoleSettings, Fleet, Node  # noqa: E402
-from console.widgets.fleet_table import FLEET_COLUMNS  # noqa: E402
+from console.tui.app import FleetdeckApp  # noqa: E402
+from console.tui.widgets.fleet_table import FLEET_COLUMNS  # noqa: E402
 
 SIZE = (160, 48)
 T0 = time.time()

@@ -9,7 +9,7 @@ import time
 
 import msgspec
 
-from agents.schema import Alert
+from agents.rundir.schema import Alert
 
 COMMAND_TIMEOUT_S = 30.0
 

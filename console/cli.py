@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_demo(args)
     if args.command is None:
-        from console.tui import run_tui
+        from console.tui.main import run_tui
 
         return run_tui(args)
     runner = getattr(args, "runner", None)

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.procinfo import alive, kill_group
-from agents.runctl import RunCtlError, call, up
-from agents.runspec import load_spec
+from agents.rundir.spec import load_spec
+from agents.supervise.launch import RunCtlError, call, up
+from agents.supervise.procinfo import alive, kill_group
 from console.fleet import ConsoleSettings, Fleet, Node
 from console.localproc import free_ports
 from console.seaweed import S3Server, WeedMissing, start_s3
@@ -198,7 +198,7 @@ def run_demo(args: argparse.Namespace) -> int:
         if args.headless:
             headless(fleet, args.duration if args.duration is not None else 30.0)
         else:
-            from console.tui import FleetdeckApp
+            from console.tui.main import FleetdeckApp
 
             app = FleetdeckApp(fleet, note=demo.note, exit_after=args.duration)
             app.run()

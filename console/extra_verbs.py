@@ -13,7 +13,7 @@ def add(sub: Any) -> None:
     p.add_argument("node_name", metavar="NODE")
     p.set_defaults(runner=bootstrap.cmd_bootstrap)
 
-    from console import decommission
+    from console.artifacts import decommission
 
     p = sub.add_parser("pull", help="copy the run's artifacts here over SFTP, sha256-checked")
     p.add_argument("node_name", metavar="NODE")

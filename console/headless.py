@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from agents.rpc import RpcError
+from agents.rpc.protocol import RpcError
 from console.actions import BY_ID
 from console.fleet import Fleet, FleetError, Node, load_fleet
 from console.transport import AgentLink, HostKeyProblem, Unreachable, accept_host_key

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from agents.schema import Alert, Snapshot
+from agents.rundir.schema import Alert, Snapshot
 from console.fleet import Fleet, Node
 
 _decoder = msgspec.json.Decoder(Snapshot)

@@ -23,7 +23,7 @@ import asyncssh
 import msgspec
 
 from agents import PROTOCOL_VERSION
-from agents.rpc import STREAM_LIMIT, VERSION_MISMATCH, RpcError
+from agents.rpc.protocol import STREAM_LIMIT, VERSION_MISMATCH, RpcError
 from console.fleet import Node
 
 HELLO_TIMEOUT_S = 20.0

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from agents.atomic import atomic_write
+from agents.rundir.atomic import atomic_write
 
 NAME = re.compile(r"^epoch_(\d+)_step_(\d+)$")
 WEIGHTS = "model.safetensors"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import msgspec
 
 from agents import __version__
-from agents.runspec import SpecError
+from agents.rundir.spec import SpecError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,7 +121,7 @@ def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from agents.atomic import atomic_write
+    from agents.rundir.atomic import atomic_write
     from trainer.evaluate import evaluate
     from trainer.paths import load_train_spec
 

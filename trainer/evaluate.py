@@ -17,7 +17,7 @@ import msgspec
 import torch
 from transformers import Qwen3Config
 
-from agents.runspec import RunSpec, TrainSection
+from agents.rundir.spec import RunSpec, TrainSection
 from trainer import checkpoint as ckpt
 from trainer.drafter import DFlashDrafter
 from trainer.paths import resolve

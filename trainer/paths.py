@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agents.runspec import RunSpec, SpecError, TrainSection, load_spec
+from agents.rundir.spec import RunSpec, SpecError, TrainSection, load_spec
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.atomic import atomic_write
-from agents.schema import BatchLine
+from agents.rundir.atomic import atomic_write
+from agents.rundir.schema import BatchLine
 from trainer.render import RenderError, Sample, Supervise, render, tokenize
 from trainer.report import (
     REPORT_NAME,

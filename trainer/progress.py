@@ -3,7 +3,7 @@
 Written atomically (temp + os.replace) by rank 0: on every update at most every `every_s`
 seconds, always at a checkpoint and at the end, and by a heartbeat thread in between, so
 that `updated_at` stays fresh through a long step, evaluation or checkpoint and the agent
-and console read it like a generation run's heartbeat (agents.schema.TrainProgress).
+and console read it like a generation run's heartbeat (agents.rundir.schema.TrainProgress).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
-from agents.atomic import atomic_write
-from agents.schema import RunStatus, TrainProgress, encoder
+from agents.rundir.atomic import atomic_write
+from agents.rundir.schema import RunStatus, TrainProgress, encoder
 
 
 class ProgressWriter:

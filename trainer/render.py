@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agents.schema import BatchLine
+from agents.rundir.schema import BatchLine
 
 Supervise = Literal["final", "all"]
 

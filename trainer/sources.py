@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from agents.schema import BatchLine, batch_line_decoder, line_key_decoder
+from agents.rundir.schema import BatchLine, batch_line_decoder, line_key_decoder
 
 # Closed batches only (the engine's names): an open `.partial` batch may end in a torn line
 # and is still growing, and the run directory's other JSONL files are not completions.
@@ -60,7 +60,7 @@ def fetch_s3(url: str, cache: Path, endpoint_url: str | None = None,
     from botocore.exceptions import BotoCoreError, ClientError
 
     from agents.engine.uploader import make_s3_client
-    from agents.runspec import S3Section
+    from agents.rundir.spec import S3Section
 
     bucket, prefix = _s3_parts(url)
     if client is None:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from agents.ewma import EwmaRate
-from agents.runspec import RunSpec, TrainSection
+from agents.rundir.spec import RunSpec, TrainSection
 from trainer import checkpoint as ckpt
 from trainer import distributed
 from trainer.blocks import default_gamma, position_weights, sample_anchors

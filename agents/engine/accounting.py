@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from agents.ewma import EwmaRate
-from agents.schema import Progress, ServerProgress, progress_decoder
+from agents.rundir.schema import Progress, ServerProgress, progress_decoder
 
 
 @dataclass(slots=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgspec
 
-from agents.atomic import cut_torn_tail
-from agents.schema import FailureEvent, encoder, failure_decoder
+from agents.rundir.atomic import cut_torn_tail
+from agents.rundir.schema import FailureEvent, encoder, failure_decoder
 
 
 @dataclass(slots=True)

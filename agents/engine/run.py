@@ -14,8 +14,6 @@ from typing import Any
 
 import msgspec
 
-from agents.atomic import atomic_write
-from agents.control import ControlError, ensure_control, read_control
 from agents.engine import prompts as prompt_io
 from agents.engine.accounting import Meter, Totals, server_progress
 from agents.engine.client import RequestFailed, build_request, chat, make_client
@@ -23,8 +21,10 @@ from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.journal import Journal, failed, requeued, retry_applied
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
-from agents.runspec import GenerateSection, RunSpec, SpecError, keep_copy
-from agents.schema import BatchLine, Control, Progress, RunPin, Usage, encoder, pin_decoder
+from agents.rundir.atomic import atomic_write
+from agents.rundir.control import ControlError, ensure_control, read_control
+from agents.rundir.schema import BatchLine, Control, Progress, RunPin, Usage, encoder, pin_decoder
+from agents.rundir.spec import GenerateSection, RunSpec, SpecError, keep_copy
 
 log = logging.getLogger("fleetdeck.engine")
 

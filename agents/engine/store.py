@@ -16,10 +16,10 @@ from pathlib import Path
 
 import msgspec
 
-from agents.atomic import cut_torn_tail, fsync_dir
-from agents.crashpoint import crash_point, fail_point
 from agents.engine.doneset import DoneSet
-from agents.schema import line_key_decoder
+from agents.rundir.atomic import cut_torn_tail, fsync_dir
+from agents.rundir.crashpoint import crash_point, fail_point
+from agents.rundir.schema import line_key_decoder
 
 BATCH_RE = re.compile(r"^completions_(\d{6,})\.jsonl(\.partial)?$")
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
-from agents.atomic import cut_torn_tail
-from agents.crashpoint import crash_point
-from agents.runspec import S3Section
-from agents.schema import UploadRecord, encoder, upload_decoder
+from agents.rundir.atomic import cut_torn_tail
+from agents.rundir.crashpoint import crash_point
+from agents.rundir.schema import UploadRecord, encoder, upload_decoder
+from agents.rundir.spec import S3Section
 
 log = logging.getLogger("fleetdeck.engine.s3")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agents.procinfo import alive
+from agents.supervise.procinfo import alive
 from tests.engine.runs import write_prompts
 from tests.servers.ports import wait_until
 

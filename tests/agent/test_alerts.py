@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 
-from agents.alerts import AlertBook
-from agents.runspec import AlertsSection
-from agents.schema import DiskStatus, Progress, ServerProgress, ServerStatus
+from agents.rundir.schema import DiskStatus, Progress, ServerProgress, ServerStatus
+from agents.rundir.spec import AlertsSection
+from agents.supervise.alerts import AlertBook
 from tests.agent.conftest import agent, wait_status
 
 CFG = AlertsSection(window_s=60, stall_minutes=1, failure_rate=0.05, truncation_rate=0.1,
@@ -100,7 +100,7 @@ def test_live_over_cap_and_empty_alerts_raise_and_clear(supervised) -> None:
 
 
 def test_disk_projection_waits_for_minutes_of_samples(tmp_path) -> None:
-    from agents.snapshot import DiskWatch
+    from agents.supervise.snapshot import DiskWatch
 
     watch = DiskWatch(tmp_path, window_s=600, min_span_s=300)
     first = watch.status(now=1000.0)

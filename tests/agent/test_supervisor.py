@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from agents.procinfo import alive, start_time
+from agents.supervise.procinfo import alive, start_time
 from tests.agent.conftest import agent, rpc_status, wait_status
 from tests.engine.runs import read_run
 from tests.servers.ports import wait_until

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console.decommission import pull_node
+from console.artifacts.decommission import pull_node
 from console.fleet import Node
 from console.transport import AgentLink
 from tests.agent.conftest import rpc_status, wait_status

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from agents import manifest
-from agents.rpc import REFUSED, RpcError
-from agents.rpcmethods import ControlMethods
+from agents.artifacts import manifest
+from agents.rpc.methods import ControlMethods
+from agents.rpc.protocol import REFUSED, RpcError
 
 
 def _sha(path: Path) -> str:

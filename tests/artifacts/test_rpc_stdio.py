@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import PROTOCOL_VERSION
-from agents.rpc import REFUSED
+from agents.rpc.protocol import REFUSED
 from tests.servers.s3 import S3Server
 
 

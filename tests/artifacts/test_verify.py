@@ -14,11 +14,11 @@ from pathlib import Path
 
 from boto3.s3.transfer import TransferConfig
 
-from agents.batchscan import Digests, ranges_text, spans
+from agents.artifacts.verify import _part_sizes, verify_run
 from agents.engine.uploader import make_s3_client
-from agents.runspec import S3Section
-from agents.schema import UploadRecord, VerifyReport
-from agents.verify import _part_sizes, verify_run
+from agents.rundir.batchscan import Digests, ranges_text, spans
+from agents.rundir.schema import UploadRecord, VerifyReport
+from agents.rundir.spec import S3Section
 from tests.artifacts.conftest import PROMPTS, MadeRun, batch_indices, own_prefix
 from tests.servers.s3 import S3Server
 

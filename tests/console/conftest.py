@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agents.procinfo import alive
+from agents.supervise.procinfo import alive
 from console.fleet import ConsoleSettings, Fleet, Node
 from tests.agent.conftest import port_block
 from tests.engine.runs import write_prompts

@@ -7,8 +7,8 @@ from typing import Any
 from textual.message import Message
 from textual.notifications import Notify
 
-from agents.schema import Progress, Snapshot
-from console.app import FleetdeckApp
+from agents.rundir.schema import Progress, Snapshot
+from console.tui.app import FleetdeckApp
 
 
 def screen_text(app: FleetdeckApp) -> str:

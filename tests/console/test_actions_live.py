@@ -10,13 +10,13 @@ from typing import Any
 
 from textual.widgets import Input
 
-from agents.procinfo import alive
-from console.app import FleetdeckApp
+from agents.supervise.procinfo import alive
 from console.fleet import Node
-from console.screens.node import GenerateScreen
-from console.widgets.confirm import ChoiceModal, ConfirmModal
-from console.widgets.log_pane import LogPane
-from console.widgets.prompt import ValueModal
+from console.tui.app import FleetdeckApp
+from console.tui.screens.node import GenerateScreen
+from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
+from console.tui.widgets.log_pane import LogPane
+from console.tui.widgets.prompt import ValueModal
 from tests.console.conftest import LiveRun, until
 from tests.console.screen import Recorder, progress, screen_text, server, snapshot
 from tests.servers.sshd import SshServer
@@ -214,7 +214,7 @@ async def test_a_hung_node_never_stalls_the_live_one(live_run: LiveRun, sshd: Ss
 async def test_pull_and_decommission_check(live_run: LiveRun, tmp_path: Path) -> None:
     from textual.widgets import Label, Static
 
-    from console.screens.decommission import DecommissionScreen
+    from console.tui.screens.decommission import DecommissionScreen
 
     pulls = tmp_path / "pulls"
     app = FleetdeckApp(live_run.fleet(pull_dir=str(pulls)))

@@ -9,8 +9,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from console.app import FleetdeckApp
 from console.fleet import ConsoleSettings, Fleet, Node
+from console.tui.app import FleetdeckApp
 from tests.console import data as d
 from tests.console.conftest import until
 from tests.console.screen import Recorder, screen_text

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from textual.widgets import Label, ProgressBar, Static
 
-from console.app import FleetdeckApp
 from console.fleet import ConsoleSettings, Fleet, Node
-from console.screens.decommission import DecommissionScreen
+from console.tui.app import FleetdeckApp
+from console.tui.screens.decommission import DecommissionScreen
 from tests.console.conftest import until
 from tests.engine.conftest import sims  # noqa: F401 - fixture
 from tests.pull.conftest import finished_run  # noqa: F401 - fixture

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console.app import FleetdeckApp
 from console.fleet import ConsoleSettings, Fleet, Node
-from console.widgets.hostkey import HostKeyModal
+from console.tui.app import FleetdeckApp
+from console.tui.widgets.hostkey import HostKeyModal
 from tests.console.conftest import until
 from tests.console.screen import Recorder
 from tests.servers.sshd import SshServer

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from console.app import FleetdeckApp
-from console.screens.node import GenerateScreen
+from console.tui.app import FleetdeckApp
+from console.tui.screens.node import GenerateScreen
 from tests.console import data as d
 
 SIZE = (160, 48)

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agents.schema import Snapshot
+from agents.rundir.schema import Snapshot
 from console.fleet import Node
 from console.transport import AgentLink
 from tests.agent.conftest import agent, supervised, wait_status  # noqa: F401 - fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agents.engine.prompts import BadPrompt, parse_prompt, scan
-from agents.runspec import SpecError, load_spec
+from agents.rundir.spec import SpecError, load_spec
 
 
 def test_sharegpt_is_normalised_and_trailing_answer_dropped() -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from console.decommission import checklist, pull_node
+from console.artifacts.decommission import checklist, pull_node
+from console.artifacts.pull import PULL_CIPHERS, Puller, open_source, pull_engine
 from console.fleet import Node
-from console.pull import PULL_CIPHERS, Puller, open_source, pull_engine
 from console.transport import AgentLink, ssh_connect
 from tests.servers.s3 import S3Server
 from tests.servers.sshd import SshServer
@@ -188,15 +188,15 @@ def test_headless_pull_and_check_exit_codes(sshd: SshServer, finished_run: Path,
 
 @pytest.mark.parametrize("bad", ["../etc/passwd", "/etc/passwd"])
 def test_manifest_paths_leaving_the_run_dir_are_refused(bad: str) -> None:
-    from console.pull import PullError, safe_rel
+    from console.artifacts.pull import PullError, safe_rel
 
     with pytest.raises(PullError):
         safe_rel(bad)
 
 
 def test_training_pull_set_takes_latest_and_best_checkpoints_only() -> None:
-    from agents.schema import ManifestEntry
-    from console.pull import pull_set
+    from agents.rundir.schema import ManifestEntry
+    from console.artifacts.pull import pull_set
 
     def entry(path: str, kind: str) -> ManifestEntry:
         return ManifestEntry(path=path, kind=kind, size=1, mtime=0, mtime_ns=0,  # type: ignore[arg-type]
@@ -217,7 +217,7 @@ def test_training_pull_set_takes_latest_and_best_checkpoints_only() -> None:
 
 
 def test_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    from console.pull import ENGINE_ENV, PullError
+    from console.artifacts.pull import ENGINE_ENV, PullError
 
     monkeypatch.setenv(ENGINE_ENV, "asyncssh")
     assert pull_engine() == "asyncssh"
@@ -230,7 +230,7 @@ def test_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_sftp_batches_quote_names_and_balance_bytes() -> None:
-    from console.opensftp import Job, batch_line, plan, quote
+    from console.artifacts.opensftp import Job, batch_line, plan, quote
 
     assert quote('a "b" \\c*?[d]') == '"a \\"b\\" \\\\c*?[d]"'
     assert batch_line("-x") == b'-reget "./-x" "./-x.fdpart"\n'
@@ -267,7 +267,7 @@ async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServ
                                                                    tmp_path: Path) -> None:
     if shutil.which("sftp") is None:
         pytest.skip("OpenSSH's sftp client is not installed")
-    from agents.schema import ManifestEntry
+    from agents.rundir.schema import ManifestEntry
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

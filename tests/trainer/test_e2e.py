@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agents.schema import train_progress_decoder
+from agents.rundir.schema import train_progress_decoder
 from tests.trainer.conftest import cli, run_cli
 from tests.trainer.tinyworld import (
     World,

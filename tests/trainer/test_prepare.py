@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agents.schema import BatchLine
+from agents.rundir.schema import BatchLine
 from tests.servers.s3 import S3Server
 from tests.trainer.conftest import cli
 from tests.trainer.tinyworld import TOOLS, WORDS, World, batch_line, write_batches, write_spec

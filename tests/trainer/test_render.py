@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agents.schema import BatchLine
+from agents.rundir.schema import BatchLine
 from tests.trainer.tinyworld import TOOLS, batch_line
 from trainer.render import RenderError, render, tokenize
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.runspec import SpecError, load_spec
+from agents.rundir.spec import SpecError, load_spec
 from tests.trainer.tinyworld import World
 from trainer.paths import load_train_spec, resolve
 from trainer.target import TargetError, choose_mask_token, layer_ids

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agents.schema import train_progress_decoder
+from agents.rundir.schema import train_progress_decoder
 from tests.trainer.conftest import BIN, REPO, cli
 from tests.trainer.tinyworld import World, word_lines, write_batches, write_spec
 

@@ -1,0 +1,1 @@
+"""Artifacts on the node: the manifest of a run directory and `verify`."""

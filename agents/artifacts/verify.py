@@ -1,0 +1,416 @@
+"""`verify`, run on the node (which holds the S3 credentials): is what the run made whole?
+
+S3 against uploads.jsonl (every closed batch recorded, its object present with the recorded
+size and ETag, the local bytes hashing to both; multipart ETags computed with the object's
+part size; nothing extra or missing under the prefix) and the counts against each other
+(distinct indices in .done_indices = progress.json `completed` = current batch lines; closed
+batch files = objects under the prefix). Every discrepancy names its batch and index range.
+Blocking (it reads every batch once): the RPC method runs it in a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.engine.store import BATCH_RE, parse_done_line
+from agents.engine.uploader import make_s3_client
+from agents.rundir.batchscan import BatchScan, KeySet, ranges_text, scan_batch, spans
+from agents.rundir.schema import (
+    UploadRecord,
+    VerifyCheck,
+    VerifyCounts,
+    VerifyReport,
+    upload_decoder,
+)
+from agents.rundir.spec import S3Section, SpecError, load_run_spec
+
+MiB = 1 << 20
+# When S3 will not tell an object's part size: the sizes common tools use.
+PART_SIZE_GUESSES = tuple(n * MiB for n in (8, 5, 16, 15, 32, 64, 100, 128, 256, 512, 1024))
+MAX_NAMED = 50  # problems named per check; the rest are counted
+LIVE = ("starting", "running", "paused", "draining")
+
+
+class VerifyError(ValueError):
+    """The directory cannot be verified at all (not a run directory, unreadable [s3])."""
+
+
+def run_facts(run_dir: Path) -> tuple[str, S3Section | None]:
+    """The run's kind and [s3]. A spec that no longer loads whole (its prompts file moved
+    away at the end of the run, say) still gives them."""
+    try:
+        spec = load_run_spec(run_dir)
+        return spec.run.kind, spec.s3
+    except SpecError as exc:
+        path = run_dir / "run.toml"
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            raise VerifyError(f"{run_dir}: not a run directory ({exc})") from None
+        kind = str(raw.get("run", {}).get("kind", "generate"))
+        if "s3" not in raw:
+            return kind, None
+        try:
+            return kind, msgspec.convert(raw["s3"], S3Section)
+        except msgspec.ValidationError as bad:
+            raise VerifyError(f"{path}: [s3]: {bad}") from None
+
+
+def multipart_count(etag: str) -> int | None:
+    """3 for `<md5-of-md5s>-3`; None for a plain MD5."""
+    head, sep, tail = etag.rpartition("-")
+    return int(tail) if sep and head and tail.isdigit() else None
+
+
+@dataclass(slots=True)
+class S3Object:
+    size: int
+    etag: str
+
+
+@dataclass
+class Check:
+    """One check being made: its problems, named, and a summary for when there are none."""
+
+    name: str
+    summary: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    def fail(self, problem: str) -> None:
+        self.problems.append(problem)
+
+    def result(self, note: str = "") -> VerifyCheck:
+        if not self.problems:
+            return VerifyCheck(self.name, True, self.summary)
+        shown = self.problems[:MAX_NAMED]
+        more = len(self.problems) - len(shown)
+        detail = "; ".join(shown) + (f"; and {more} more" if more else "")
+        return VerifyCheck(self.name, False, detail + note)
+
+
+class Verifier:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.comp = run_dir / "completions"
+        self.kind, self.spec = run_facts(run_dir)
+        self.progress: dict[str, Any] = {}
+        self.done = KeySet()
+        self.lines = KeySet()
+        self.records: dict[str, UploadRecord] = {}
+        self.objects: dict[str, S3Object] = {}  # under the prefix
+        self.elsewhere: dict[tuple[str, str], S3Object | None] = {}  # records not under it
+        self.part_sizes: dict[str, list[int]] = {}  # batch -> part sizes to compute
+        self.s3_error: str | None = None
+        self.scans: dict[str, BatchScan] = {}
+        self.open_scan: BatchScan | None = None
+        self.done_records = 0
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read_progress(self) -> None:
+        try:
+            self.progress = json.loads((self.run_dir / "progress.json").read_bytes())
+        except (OSError, ValueError):
+            self.progress = {}
+
+    def read_done(self, check: Check) -> None:
+        """Read before the batches: the engine writes a line before its index, so a live run
+        never shows an index without its line for that reason."""
+        dups: list[int] = []
+        try:
+            data = (self.comp / ".done_indices").read_bytes()
+        except FileNotFoundError:
+            data = b""
+        if data and not data.endswith(b"\n"):
+            data = data[: data.rfind(b"\n") + 1]  # a write in progress, or a torn tail
+        for lineno, raw in enumerate(data.splitlines(), 1):
+            try:
+                key = parse_done_line(raw)
+                if key is None:
+                    continue
+                index = key[0]
+                new = self.done.add(*key)
+            except ValueError:
+                check.fail(f".done_indices:{lineno}: not an index: {raw[:80]!r}")
+                continue
+            self.done_records += 1
+            if not new:
+                dups.append(index)
+        if dups:
+            check.fail(f".done_indices records these indices twice: "
+                       f"{ranges_text(_runs(dups))}")
+
+    def read_uploads(self, check: Check) -> None:
+        path = self.run_dir / "uploads.jsonl"
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        for lineno, raw in enumerate(data.splitlines(), 1):
+            if not raw.strip():
+                continue
+            try:
+                rec = upload_decoder.decode(raw)
+            except msgspec.DecodeError as exc:
+                check.fail(f"uploads.jsonl:{lineno}: unreadable record: {exc}")
+                continue
+            self.records[rec.batch] = rec
+
+    def list_s3(self) -> None:
+        """Objects under the prefix, records outside it by HEAD, and the part size of each
+        multipart ETag in the records."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        assert self.spec is not None
+        spec = self.spec
+        try:
+            client = make_s3_client(spec)
+            pages = client.get_paginator("list_objects_v2").paginate(
+                Bucket=spec.bucket, Prefix=spec.prefix)
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    self.objects[obj["Key"]] = S3Object(obj["Size"], obj["ETag"].strip('"'))
+            for rec in self.records.values():
+                if rec.bucket != spec.bucket or not rec.key.startswith(spec.prefix):
+                    self.elsewhere[(rec.bucket, rec.key)] = _head(client, rec.bucket, rec.key)
+                n = multipart_count(rec.etag)
+                if n is not None:
+                    self.part_sizes[rec.batch] = _part_sizes(client, rec, n)
+        except (BotoCoreError, ClientError) as exc:
+            self.s3_error = f"s3://{spec.bucket}/{spec.prefix}: {exc}"
+
+    def scan(self, check: Check) -> None:
+        for path in sorted(self.comp.glob("completions_*")):
+            m = BATCH_RE.match(path.name)
+            if not m or not path.is_file():
+                continue
+            is_open = bool(m.group(2))
+            sizes = self.part_sizes.get(path.name, [])
+            try:
+                scan = scan_batch(path, self.lines, sizes, open_batch=is_open)
+            except OSError as exc:
+                check.fail(f"{path.name}: cannot read: {exc}")
+                continue
+            if is_open:
+                self.open_scan = scan
+            else:
+                self.scans[path.name] = scan
+            if scan.bad_lines:
+                check.fail(f"{path.name}: unreadable lines {ranges_text(_runs(scan.bad_lines))}")
+            if scan.duplicates:
+                twice = ranges_text(_runs(i for i, _ in scan.duplicates))
+                check.fail(f"{path.name}: indices {twice} already have a line of the same "
+                           "attempt in an earlier batch")
+
+    # -- comparing ---------------------------------------------------------------------------
+
+    def where(self, name: str) -> str:
+        scan = self.scans.get(name)
+        return f"{name} (indices {scan.indices_text})" if scan else name
+
+    def compare_uploads(self, recorded: Check, local: Check) -> None:
+        for name, scan in self.scans.items():
+            rec = self.records.get(name)
+            if rec is None:
+                recorded.fail(f"{self.where(name)}: closed but not in uploads.jsonl (an upload "
+                              "pending; the engine uploads it when it runs again)")
+                continue
+            if scan.size != rec.size or scan.sha256 != rec.sha256:
+                local.fail(f"{self.where(name)}: the local file ({scan.size} bytes, sha256 "
+                           f"{scan.sha256[:12]}) differs from uploads.jsonl ({rec.size} bytes, "
+                           f"sha256 {rec.sha256[:12]})")
+            elif expected_etag(scan, rec.etag) != rec.etag:
+                local.fail(f"{self.where(name)}: the local bytes give ETag "
+                           f"{expected_etag(scan, rec.etag)}, uploads.jsonl says {rec.etag}")
+        for name in sorted(set(self.records) - set(self.scans)):
+            recorded.fail(f"uploads.jsonl records {name} but RUN_DIR has no such closed batch")
+        recorded.summary = f"{len(self.scans)} closed batches, each in uploads.jsonl"
+        local.summary = f"{len(self.scans)} closed batches hash as recorded"
+
+    def compare_s3(self, objects: Check, listing: Check) -> None:
+        assert self.spec is not None
+        expected: set[str] = set()
+        for name, rec in sorted(self.records.items()):
+            url = f"s3://{rec.bucket}/{rec.key}"
+            if (rec.bucket, rec.key) in self.elsewhere:
+                obj = self.elsewhere[(rec.bucket, rec.key)]
+            else:
+                expected.add(rec.key)
+                obj = self.objects.get(rec.key)
+            if obj is None:
+                objects.fail(f"{self.where(name)}: {url} is missing")
+            elif obj.size != rec.size or obj.etag != rec.etag:
+                objects.fail(f"{self.where(name)}: {url} has size {obj.size} and ETag "
+                             f"{obj.etag}; uploads.jsonl says size {rec.size}, ETag {rec.etag}")
+        for key in sorted(set(self.objects) - expected):
+            listing.fail(f"s3://{self.spec.bucket}/{key}: under the prefix but not in "
+                         "uploads.jsonl")
+        if len(self.scans) != len(self.objects):
+            listing.fail(f"{len(self.scans)} closed batch files but {len(self.objects)} "
+                         f"objects under s3://{self.spec.bucket}/{self.spec.prefix}")
+        objects.summary = f"{len(self.records)} objects with the recorded size and ETag"
+        listing.summary = (f"{len(self.objects)} objects under s3://{self.spec.bucket}/"
+                           f"{self.spec.prefix} = {len(self.scans)} closed batch files")
+
+    def prompts_lines(self) -> int | None:
+        try:
+            pin = json.loads((self.run_dir / "run.pin.json").read_bytes())
+            return int(pin["prompts_lines"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def compare_counts(self, done_vs_lines: Check, in_range: Check, counts: Check) -> None:
+        for attempt, runs in self.done.minus(self.lines).items():
+            tag = f" (attempt {attempt})" if attempt > 1 else ""
+            done_vs_lines.fail(f".done_indices records indices {ranges_text(runs)}{tag} that "
+                               "have no batch line")
+        for attempt, runs in self.lines.minus(self.done).items():
+            tag = f" (attempt {attempt})" if attempt > 1 else ""
+            done_vs_lines.fail(f"batch lines for indices {ranges_text(runs)}{tag} in "
+                               f"{', '.join(self.holding(runs)) or '?'} are not recorded in "
+                               ".done_indices")
+        done_vs_lines.summary = f"{self.done_records} records = the batch lines, one for one"
+        total = self.prompts_lines()
+        if total is not None:
+            for what, keys in ((".done_indices", self.done), ("batch lines", self.lines)):
+                beyond = keys.at_or_above(total)
+                if beyond:
+                    in_range.fail(f"{what} hold indices {ranges_text(beyond)} beyond the "
+                                  f"prompts file ({total} lines, run.pin.json)")
+        in_range.summary = f"every index within the prompts file ({total} lines)"
+        done, current = self.done.distinct_indices(), self.lines.distinct_indices()
+        completed = self.progress.get("completed")
+        counts.summary = f"{done} done = {completed} completed = {current} current lines"
+        if done != current:
+            counts.fail(f"{done} distinct indices in .done_indices but {current} current lines")
+        if completed is None:
+            counts.fail("progress.json has no `completed` (missing or unreadable)")
+        elif completed != current:
+            counts.fail(f"progress.json says completed {completed} but there are {current} "
+                        f"current lines ({current - completed:+d})")
+
+    def holding(self, runs: list[tuple[int, int]]) -> list[str]:
+        """The batches (open one included) whose lines fall in these runs of indices."""
+        scans = list(self.scans.values()) + ([self.open_scan] if self.open_scan else [])
+        return [s.name for s in scans
+                if any(a <= y and x <= b for a, b in runs for x, y in s.runs)][:10]
+
+    # -- the report --------------------------------------------------------------------------
+
+    def run(self) -> VerifyReport:
+        started = time.monotonic()
+        self.read_progress()
+        if self.kind == "train":
+            return VerifyReport(
+                ok=True, checks=[VerifyCheck("kind", True, "a training run: no batches or "
+                                             "uploads to verify; pull its checkpoints")],
+                problems=[], counted=self.counted(), run_status=self.progress.get("status"))
+        lines_check = Check("batch_lines", "every batch line readable, none twice")
+        done_vs_lines = Check("done_indices_match_lines")
+        self.read_done(done_vs_lines)
+        recorded = Check("uploads_recorded")
+        self.read_uploads(recorded)
+        if self.spec is not None:
+            self.list_s3()
+        self.scan(lines_check)
+        local = Check("local_batches_match_records")
+        self.compare_uploads(recorded, local)
+        checks = [recorded, local]
+        if self.spec is None:
+            checks = [Check("s3", "no [s3] in run.toml: the batches are only here; pull them")]
+        elif self.s3_error is not None:
+            reach = Check("s3_reachable")
+            reach.fail(self.s3_error)
+            checks.append(reach)
+        else:
+            objects, listing = Check("s3_objects_match"), Check("s3_listing")
+            self.compare_s3(objects, listing)
+            checks += [objects, listing]
+        counts, in_range = Check("counts"), Check("indices_in_range")
+        self.compare_counts(done_vs_lines, in_range, counts)
+        checks += [lines_check, done_vs_lines, in_range, counts]
+        status = self.progress.get("status")
+        note = (f" (the run is {status}: counts move while it runs; verify again once it is "
+                "done or stopped)") if status in LIVE else ""
+        moving = {"counts", "done_indices_match_lines", "uploads_recorded"}
+        results = [c.result(note if c.name in moving else "") for c in checks]
+        problems = [p for c in checks for p in c.problems]
+        return VerifyReport(
+            ok=all(r.ok for r in results), checks=results, problems=problems,
+            counted=self.counted(), run_status=status,
+            s3_url=f"s3://{self.spec.bucket}/{self.spec.prefix}" if self.spec else None,
+            elapsed_s=round(time.monotonic() - started, 3))
+
+    def counted(self) -> VerifyCounts:
+        known = self.spec is not None and self.s3_error is None
+        open_lines = self.open_scan.lines if self.open_scan else 0
+        return VerifyCounts(
+            done_indices=self.done.distinct_indices(), done_records=self.done_records,
+            progress_completed=self.progress.get("completed"),
+            current_lines=self.lines.distinct_indices(),
+            lines=sum(s.lines for s in self.scans.values()) + open_lines,
+            closed_batches=len(self.scans), open_batch_lines=open_lines,
+            upload_records=len(self.records),
+            s3_objects=len(self.objects) if known else None,
+            s3_bytes=sum(o.size for o in self.objects.values()) if known else None)
+
+
+def verify_run(run_dir: Path) -> VerifyReport:
+    """Verify a run directory; VerifyError when it is not one."""
+    if not (run_dir / "run.toml").is_file():
+        raise VerifyError(f"{run_dir}: not a run directory (no run.toml)")
+    return Verifier(run_dir).run()
+
+
+def expected_etag(scan: BatchScan, recorded: str) -> str:
+    """The ETag the local bytes give in the recorded ETag's form: an MD5, or the multipart
+    one for whichever candidate part size gives the recorded number of parts."""
+    n = multipart_count(recorded)
+    if n is None:
+        return scan.md5
+    candidates = [etag for etag in scan.etags.values() if multipart_count(etag) == n]
+    if recorded in candidates:
+        return recorded
+    return candidates[0] if candidates else f"(no part size known for {n} parts)"
+
+
+def _runs(indices: Iterable[int]) -> list[tuple[int, int]]:
+    return spans(sorted(set(indices)))
+
+
+def _head(client: Any, bucket: str, key: str) -> S3Object | None:
+    from botocore.exceptions import ClientError
+
+    try:
+        head = client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
+    return S3Object(int(head["ContentLength"]), str(head["ETag"]).strip('"'))
+
+
+def _part_sizes(client: Any, rec: UploadRecord, parts: int) -> list[int]:
+    """Part sizes to try for a multipart ETag of `parts` parts: the object's own (the length
+    of its part 1, when S3 answers a HEAD for it), else the common ones that fit."""
+    from botocore.exceptions import ClientError
+
+    if parts == 1:
+        return [rec.size]  # one part: any part size from the whole size up gives this ETag
+    try:
+        head = client.head_object(Bucket=rec.bucket, Key=rec.key, PartNumber=1)
+        size = int(head["ContentLength"])
+        if size > 0 and math.ceil(rec.size / size) == parts:
+            return [size]
+    except ClientError:
+        pass  # gone, or no part numbers here: guess
+    return [ps for ps in PART_SIZE_GUESSES if math.ceil(rec.size / ps) == parts]

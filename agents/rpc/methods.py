@@ -1,0 +1,128 @@
+"""RPC methods that need no live supervisor: live controls (through control.json, as the
+headless CLI does), logs, samples, history, the artifact manifest, verify and the hello
+handshake. The supervisor and `serve --stdio` (when no supervisor runs) both answer with
+these."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents import PROTOCOL_VERSION, __version__
+from agents.artifacts.manifest import MAX_LIMIT, Manifest
+from agents.artifacts.verify import VerifyError, verify_run
+from agents.rpc.protocol import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
+from agents.rundir.browse import OutsideRunDir, history, log_path, recent_samples, tail
+from agents.rundir.control import ControlError, update_control
+from agents.rundir.schema import Control
+
+MAX_LOG_LINES = 5000
+
+
+def check_hello(params: dict[str, Any], run_dir: Path, supervised: bool) -> dict[str, Any]:
+    theirs = params.get("protocol")
+    if theirs != PROTOCOL_VERSION:
+        raise RpcError(VERSION_MISMATCH,
+                       f"the console speaks protocol {theirs}, this agent ({__version__}) "
+                       f"speaks {PROTOCOL_VERSION}: run `fleetdeck bootstrap NODE` to upgrade "
+                       "the agent (or upgrade the console)",
+                       {"agent_protocol": PROTOCOL_VERSION, "agent_version": __version__})
+    return {"protocol": PROTOCOL_VERSION, "agent_version": __version__,
+            "host": socket.gethostname(), "run_dir": str(run_dir), "supervised": supervised}
+
+
+def _int(params: dict[str, Any], key: str, low: int = 0) -> int:
+    value = params.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise RpcError(INVALID_PARAMS, f"{key} must be a whole number >= {low}, got {value!r}")
+    return value
+
+
+class ControlMethods:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def _write(self, method: str, params: dict[str, Any], change: Any) -> dict[str, Any]:
+        public = {k: v for k, v in params.items() if k != "who"}
+        try:
+            c: Control = update_control(self.run_dir, method, public, change, params.get("who"))
+        except ControlError as exc:
+            raise RpcError(REFUSED, str(exc)) from None
+        return {"rev": c.rev}
+
+    def methods(self) -> dict[str, Handler]:
+        async def pause(p: dict[str, Any]) -> Any:
+            return self._write("pause", p, lambda c: setattr(c, "paused", True))
+
+        async def unpause(p: dict[str, Any]) -> Any:
+            return self._write("unpause", p, lambda c: setattr(c, "paused", False))
+
+        async def resize(p: dict[str, Any]) -> Any:
+            value = _int(p, "value")
+            server = p.get("server")
+
+            def change(c: Control) -> None:
+                if server is None:
+                    c.concurrency.default = value
+                    c.concurrency.servers.clear()
+                else:
+                    c.concurrency.servers[str(int(server))] = value
+
+            return self._write("resize", p, change)
+
+        async def max_tokens(p: dict[str, Any]) -> Any:
+            value = _int(p, "value", 1)
+            return self._write("max_tokens", p, lambda c: setattr(c, "max_tokens", value))
+
+        async def retry(p: dict[str, Any]) -> Any:
+            what = p.get("what")
+            if what not in ("failed", "truncated"):
+                raise RpcError(INVALID_PARAMS, f"what must be failed or truncated, got {what!r}")
+            return self._write("retry", p, lambda c: setattr(
+                c.retry, what, getattr(c.retry, what) + 1))
+
+        async def logs(p: dict[str, Any]) -> Any:
+            name = str(p.get("name", "generate"))
+            n = min(_int({"n": p.get("n", 100)}, "n"), MAX_LOG_LINES)
+            before = p.get("before")
+            try:
+                path = log_path(self.run_dir, name)
+            except OutsideRunDir as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return tail(path, n, before if isinstance(before, int) else None)
+
+        async def samples(p: dict[str, Any]) -> Any:
+            n = min(_int({"n": p.get("n", 10)}, "n"), 200)
+            return {"samples": recent_samples(self.run_dir, n)}
+
+        async def history_(p: dict[str, Any]) -> Any:
+            since = float(p.get("since", 0.0))
+            limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
+            return history(self.run_dir, since, limit)
+
+        async def manifest(p: dict[str, Any]) -> Any:
+            offset = _int({"offset": p.get("offset", 0)}, "offset")
+            limit = min(_int({"limit": p.get("limit", 1000)}, "limit", 1), MAX_LIMIT)
+            try:
+                # Off the loop: a page may hash large files (a checkpoint, a long log).
+                page = await asyncio.to_thread(Manifest(self.run_dir).page, offset, limit,
+                                               p.get("prefix", ""), p.get("path"))
+            except OutsideRunDir as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return msgspec.to_builtins(page)
+
+        async def verify(p: dict[str, Any]) -> Any:
+            try:
+                # Off the loop: it reads every batch and asks S3; the loop keeps answering.
+                report = await asyncio.to_thread(verify_run, self.run_dir)
+            except VerifyError as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return msgspec.to_builtins(report)
+
+        return {"pause": pause, "unpause": unpause, "resize": resize, "max_tokens": max_tokens,
+                "retry": retry, "logs": logs, "samples": samples, "history": history_,
+                "manifest": manifest, "verify": verify}

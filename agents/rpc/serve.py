@@ -1,0 +1,199 @@
+"""`fleetdeck-agent serve --stdio RUN_DIR`: one per console SSH session, thin and stateless.
+
+It relays JSON-RPC lines between the SSH channel and the run's supervisor socket; when no
+supervisor runs it answers from the run directory itself, and starts a supervisor on
+`launch`/`resume`. A malformed line gets an error and the session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.rpc.methods import ControlMethods, check_hello
+from agents.rpc.protocol import (
+    NOT_RUNNING,
+    REFUSED,
+    STREAM_LIMIT,
+    RpcClient,
+    RpcError,
+    dispatch_line,
+    encode,
+    error_reply,
+    notification,
+)
+from agents.rundir.control import who as local_who
+from agents.rundir.spec import SpecError, load_run_spec, load_spec
+from agents.supervise.launch import RunCtlError, connect, resume
+from agents.supervise.snapshot import from_disk
+
+PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
+
+
+class StdioSession:
+    def __init__(self, run_dir: Path, out: asyncio.StreamWriter) -> None:
+        self.run_dir = run_dir.resolve()
+        self.out = out
+        self.upstream: RpcClient | None = None
+        self.subscribed = False
+        self.who = local_who()
+        self.local = ControlMethods(self.run_dir)
+        self._pump: asyncio.Task[None] | None = None
+        self._push: asyncio.Task[None] | None = None
+
+    def kind(self) -> tuple[str, str]:
+        try:
+            spec = load_run_spec(self.run_dir)
+            return spec.run.kind, spec.run.name
+        except SpecError:
+            return "generate", self.run_dir.name
+
+    async def attach(self) -> bool:
+        if self.upstream is not None:
+            return True
+        client = await connect(self.run_dir)
+        if client is None:
+            return False
+        self.upstream = client
+        self._pump = asyncio.create_task(self._relay_back())
+        if self.subscribed:
+            await self._forward({"jsonrpc": "2.0", "method": "subscribe", "params": {}})
+        return True
+
+    async def _relay_back(self) -> None:
+        assert self.upstream is not None
+        reader = self.upstream.reader
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                self.out.write(line)
+                await self.out.drain()
+        except (ConnectionError, OSError, ValueError):
+            pass
+        # The supervisor went away: answer (and push, for a subscriber) from disk from now on.
+        self.upstream = None
+        if self.subscribed and self._push is None:
+            self._push = asyncio.create_task(self._push_from_disk())
+
+    async def _forward(self, req: dict[str, Any]) -> None:
+        assert self.upstream is not None
+        self.upstream.writer.write(encode(req))
+        await self.upstream.writer.drain()
+
+    async def handle(self, line: bytes) -> None:
+        try:
+            req = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            req = None
+        if isinstance(req, dict) and isinstance(req.get("params", {}), dict):
+            params = req.setdefault("params", {})
+            if isinstance(params, dict):
+                params.setdefault("who", self.who)
+            if req.get("method") == "subscribe":
+                self.subscribed = True
+            if await self.attach():
+                await self._forward(req)
+                return
+            line = encode(req)
+        reply = await dispatch_line(line, self.methods())
+        if reply is not None:
+            self.out.write(reply)
+            await self.out.drain()
+
+    def methods(self) -> dict[str, Any]:
+        async def hello(p: dict[str, Any]) -> Any:
+            return check_hello(p, self.run_dir, supervised=False)
+
+        async def status(p: dict[str, Any]) -> Any:
+            kind, name = self.kind()
+            return msgspec.to_builtins(from_disk(self.run_dir, kind, name))
+
+        async def subscribe(p: dict[str, Any]) -> Any:
+            self.subscribed = True
+            if self._push is None:
+                self._push = asyncio.create_task(self._push_from_disk())
+            return await status(p)
+
+        async def unsubscribe(p: dict[str, Any]) -> Any:
+            self.subscribed = False
+            return {"ok": True}
+
+        async def launch(p: dict[str, Any]) -> Any:
+            from agents.supervise.launch import up
+
+            spec_path = p.get("spec")
+            try:
+                if spec_path:
+                    result = await up(load_spec(str(spec_path)), p.get("who"))
+                else:
+                    result = await resume(self.run_dir, p.get("who"))
+            except (SpecError, RunCtlError) as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            await self.attach()
+            return result
+
+        async def resume_(p: dict[str, Any]) -> Any:
+            try:
+                result = await resume(self.run_dir, p.get("who"))
+            except RunCtlError as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            await self.attach()
+            return result
+
+        async def needs_supervisor(p: dict[str, Any]) -> Any:
+            raise RpcError(NOT_RUNNING, f"{self.run_dir}: no supervisor is running; "
+                           "`resume` starts one")
+
+        methods: dict[str, Any] = self.local.methods()
+        methods.update(hello=hello, status=status, subscribe=subscribe,
+                       unsubscribe=unsubscribe, launch=launch, resume=resume_,
+                       stop=needs_supervisor, down=needs_supervisor,
+                       restart_server=needs_supervisor)
+        return methods
+
+    async def _push_from_disk(self) -> None:
+        kind, name = self.kind()
+        while True:
+            await asyncio.sleep(PUSH_INTERVAL_S)
+            if not self.subscribed:
+                self._push = None
+                return
+            if self.upstream is not None:
+                continue  # the supervisor pushes
+            if await self.attach():
+                continue
+            snap = msgspec.to_builtins(from_disk(self.run_dir, kind, name))
+            self.out.write(notification("status", snap))
+            await self.out.drain()
+
+
+async def serve_stdio(run_dir: Path) -> int:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=STREAM_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                        sys.stdout)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    session = StdioSession(run_dir, writer)
+    while True:
+        try:
+            line = await reader.readline()
+        except ValueError:
+            writer.write(error_reply(None, -32600, f"line longer than {STREAM_LIMIT} bytes"))
+            await writer.drain()
+            continue
+        if not line:
+            break
+        if not line.strip():
+            continue
+        await session.handle(line)
+    if session.upstream is not None:
+        await session.upstream.close()
+    return 0

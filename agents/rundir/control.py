@@ -1,0 +1,95 @@
+"""control.json: desired live settings. Written under the control lock with `rev` increased;
+read by the engine. Every change is also appended to control.log.jsonl (the audit trail)."""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agents.rundir.atomic import atomic_write
+from agents.rundir.schema import Concurrency, Control, control_decoder, encoder
+
+
+class ControlError(ValueError):
+    pass
+
+
+def control_path(run_dir: Path) -> Path:
+    return run_dir / "control.json"
+
+
+def read_control(run_dir: Path) -> Control | None:
+    path = control_path(run_dir)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return control_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ControlError(f"{path}: {exc}") from None
+
+
+def initial_control(concurrency: int, max_tokens: int) -> Control:
+    return Control(rev=1, concurrency=Concurrency(default=concurrency), max_tokens=max_tokens)
+
+
+@contextmanager
+def control_lock(run_dir: Path) -> Iterator[None]:
+    fd = os.open(run_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def who() -> str:
+    """The person behind a control call: SSH user and client address when known."""
+    user = os.environ.get("USER") or getpass.getuser()
+    client = os.environ.get("SSH_CLIENT", "").split(" ")[0]
+    return f"{user}@{client}" if client else f"{user}@{socket.gethostname()}"
+
+
+def audit(run_dir: Path, method: str, params: dict[str, Any], by: str | None = None,
+          result: str = "ok") -> None:
+    rec = {"time": time.time(), "method": method, "params": params, "who": by or who(),
+           "result": result}
+    with open(run_dir / "control.log.jsonl", "ab") as f:
+        f.write(encoder.encode(rec) + b"\n")
+
+
+def update_control(run_dir: Path, method: str, params: dict[str, Any],
+                   change: Callable[[Control], None], by: str | None = None) -> Control:
+    """Read-modify-write control.json under the lock, rev + 1, then audit."""
+    if not run_dir.is_dir():
+        raise ControlError(f"{run_dir}: not a run directory")
+    with control_lock(run_dir):
+        current = read_control(run_dir)
+        if current is None:
+            raise ControlError(f"{control_path(run_dir)}: missing (was the run ever started?)")
+        change(current)
+        current.rev += 1
+        atomic_write(control_path(run_dir), encoder.encode(current))
+    audit(run_dir, method, params, by)
+    return current
+
+
+def ensure_control(run_dir: Path, concurrency: int, max_tokens: int) -> Control:
+    """First launch writes run.toml's values; on resume the last control.json wins."""
+    with control_lock(run_dir):
+        current = read_control(run_dir)
+        if current is None:
+            current = initial_control(concurrency, max_tokens)
+            atomic_write(control_path(run_dir), encoder.encode(current))
+    return current

@@ -1,0 +1,137 @@
+"""Alerts: conditions an on-call engineer must see, each with a reason and since when.
+
+Rates are judged over a recent window of samples, not the lifetime: a run that was fine for ten
+hours and is failing now must say so now. An alert clears when its condition does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from agents.rundir.schema import Alert, DiskStatus, Progress, ServerStatus
+from agents.rundir.spec import AlertsSection
+
+
+@dataclass(slots=True)
+class _Sample:
+    t: float
+    completed: int
+    failed: int
+    truncated: int
+    empty: int
+    server_completed: dict[str, int]
+
+
+class AlertBook:
+    def __init__(self, cfg: AlertsSection) -> None:
+        self.cfg = cfg
+        self._samples: deque[_Sample] = deque()
+        self._since: dict[str, float] = {}
+        self._last_completion: dict[str, float] = {}
+        self._accept_sum = 0.0
+        self._accept_n = 0
+
+    def _window(self, now: float) -> _Sample | None:
+        while len(self._samples) > 1 and now - self._samples[1].t >= self.cfg.window_s:
+            self._samples.popleft()
+        return self._samples[0] if self._samples else None
+
+    def evaluate(self, progress: Progress | None, servers: list[ServerStatus],
+                 disk: DiskStatus | None, now: float | None = None) -> list[Alert]:
+        now = time.time() if now is None else now
+        raised: dict[str, tuple[str, str, int | None]] = {}
+
+        def alert(code: str, severity: str, message: str, server: int | None = None) -> None:
+            raised[code] = (severity, message, server)
+
+        for s in servers:
+            if s.state in ("down", "restarting"):
+                alert(f"server_down:{s.number}", "critical",
+                      f"server {s.number} (GPU {s.gpu}) is {s.state}"
+                      + (f": {s.last_error}" if s.last_error else ""), s.number)
+            cap = s.effective_max_running
+            if cap is not None and s.limit > cap:
+                alert(f"over_cap:{s.number}", "warning",
+                      f"server {s.number}: {s.limit} requests in flight allowed but the server "
+                      f"runs at most {cap}; the rest only queue there (resize to {cap})",
+                      s.number)
+
+        if progress is not None:
+            running = progress.status in ("running", "draining")
+            first = self._window(now)
+            self._samples.append(_Sample(now, progress.completed, progress.failed,
+                                         progress.truncated, progress.empty,
+                                         {k: v.completed for k, v in progress.servers.items()}))
+            prev = self._samples[-2] if len(self._samples) > 1 else None
+            if prev is None or progress.completed > prev.completed:
+                self._last_completion.setdefault("run", now)
+                if prev is not None:
+                    self._last_completion["run"] = now
+            for name, sp in progress.servers.items():
+                before = prev.server_completed.get(name) if prev is not None else None
+                if before is None or sp.completed > before:
+                    self._last_completion[name] = now
+            stall_s = self.cfg.stall_minutes * 60
+            if running and not progress.paused:
+                idle = now - self._last_completion.get("run", now)
+                if idle >= stall_s:
+                    alert("stall", "critical",
+                          f"no completion in the whole run for {idle / 60:.1f} min")
+                for name, sp in progress.servers.items():
+                    idle = now - self._last_completion.get(name, now)
+                    if sp.state == "healthy" and sp.in_flight > 0 and idle >= stall_s:
+                        alert(f"stall:{name}", "warning",
+                              f"server {name}: no completion for {idle / 60:.1f} min "
+                              f"with {sp.in_flight} in flight", int(name))
+            if first is not None:
+                done = progress.completed - first.completed
+                fails = progress.failed - first.failed
+                attempts = done + fails
+                if attempts >= self.cfg.min_samples and fails / attempts > self.cfg.failure_rate:
+                    alert("failure_rate", "critical",
+                          f"{fails / attempts:.1%} of requests failed in the last "
+                          f"{self.cfg.window_s / 60:g} min (threshold "
+                          f"{self.cfg.failure_rate:.0%})")
+                if done >= self.cfg.min_samples:
+                    trunc = (progress.truncated - first.truncated) / done
+                    if trunc > self.cfg.truncation_rate:
+                        alert("truncation_rate", "warning",
+                              f"{trunc:.1%} of recent answers hit max_tokens "
+                              f"{progress.max_tokens}: consider raising max_tokens")
+                    empty = (progress.empty - first.empty) / done
+                    if empty > self.cfg.empty_rate:
+                        alert("empty_rate", "critical",
+                              f"{empty:.1%} of recent answers are empty or reasoning-only: "
+                              "look at `samples` before this data goes anywhere")
+            accepts = [sp.accept_length for sp in progress.servers.values()
+                       if sp.accept_length is not None]
+            if accepts:
+                run_avg = sum(accepts) / len(accepts)
+                self._accept_sum += run_avg
+                self._accept_n += 1
+                baseline = self._accept_sum / self._accept_n
+                for s in servers:
+                    acc = s.accept_length_window or s.accept_length
+                    if acc is not None and s.state == "healthy" and \
+                            acc < self.cfg.accept_drop * baseline:
+                        alert(f"accept_drop:{s.number}", "warning",
+                              f"server {s.number}: accept length {acc:.2f} is well below the "
+                              f"run's average {baseline:.2f}", s.number)
+
+        if disk is not None and disk.hours_to_full is not None and \
+                disk.hours_to_full < self.cfg.disk_hours:
+            alert("disk_full", "critical",
+                  f"{disk.path}: disk full in {disk.hours_to_full:.1f} h at the current rate "
+                  f"({disk.free_bytes / 2**30:.1f} GiB free)")
+
+        for code in list(self._since):
+            if code not in raised:
+                del self._since[code]
+        out = []
+        for code, (severity, message, server) in sorted(raised.items()):
+            since = self._since.setdefault(code, now)
+            out.append(Alert(code=code, severity=severity,  # type: ignore[arg-type]
+                             message=message, since=since, server=server))
+        return out

@@ -1,0 +1,115 @@
+"""Starting a supervisor and talking to it over its socket: what `up`, `resume`, `stop`,
+`down`, `restart-server` and `serve --stdio` share."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import PROTOCOL_VERSION
+from agents.rpc.protocol import STREAM_LIMIT, RpcClient, RpcError
+from agents.rpc.sockpath import recorded_socket
+from agents.rundir.control import audit
+from agents.rundir.spec import RunSpec, keep_copy
+from agents.supervise.snapshot import supervisor_pid
+
+
+class RunCtlError(RuntimeError):
+    pass
+
+
+async def connect(run_dir: Path, timeout: float = 5.0) -> RpcClient | None:
+    """A client on the run's supervisor socket, or None when no supervisor answers."""
+    sock = recorded_socket(run_dir)
+    if sock is None or not sock.exists() or supervisor_pid(run_dir) is None:
+        return None
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(str(sock), limit=STREAM_LIMIT), timeout)
+    except (OSError, TimeoutError):
+        return None
+    client = RpcClient(reader, writer)
+    try:
+        await client.call("hello", {"protocol": PROTOCOL_VERSION}, timeout=timeout)
+    except (OSError, TimeoutError, ConnectionError, RpcError):
+        # RpcError: a supervisor of another protocol version (the agent was upgraded under a
+        # live run): answer from the run directory rather than not at all.
+        await client.close()
+        return None
+    return client
+
+
+def spawn_supervisor(run_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `python -m agents.supervise.supervisor RUN_DIR` detached: its own session, output to
+    logs/supervisor.log, so it outlives this SSH session and this console."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "logs" / "supervisor.log", "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agents.supervise.supervisor", str(run_dir)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=run_dir, env={**os.environ, **(env or {})},
+        )
+
+
+async def wait_for_supervisor(run_dir: Path, proc: subprocess.Popen[bytes],
+                              timeout: float = 60.0) -> RpcClient:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (run_dir / "logs" / "supervisor.log").read_text(errors="replace")[-2000:]
+            raise RunCtlError(f"the supervisor exited with {proc.returncode}:\n{tail}")
+        client = await connect(run_dir, timeout=2.0)
+        if client is not None:
+            return client
+        await asyncio.sleep(0.1)
+    raise RunCtlError(f"no supervisor answered for {run_dir} within {timeout:.0f} s")
+
+
+async def up(spec: RunSpec, who: str | None = None) -> dict[str, Any]:
+    """Create RUN_DIR and start its supervisor (servers, job). Refuses a live run."""
+    run_dir = spec.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if supervisor_pid(run_dir) is not None:
+        raise RunCtlError(f"{run_dir}: a supervisor already runs this run (pid "
+                          f"{supervisor_pid(run_dir)}); use resume or stop")
+    keep_copy(spec, run_dir)
+    audit(run_dir, "launch", {"spec": spec.source}, who)
+    proc = spawn_supervisor(run_dir)
+    client = await wait_for_supervisor(run_dir, proc)
+    await client.close()
+    return {"run_dir": str(run_dir), "supervisor_pid": proc.pid}
+
+
+async def resume(run_dir: Path, who: str | None = None) -> dict[str, Any]:
+    """Continue a run: through the live supervisor, or by starting a new one (which adopts
+    the servers that are still there)."""
+    client = await connect(run_dir)
+    if client is not None:
+        try:
+            result: dict[str, Any] = await client.call("resume", {"who": who})
+        finally:
+            await client.close()
+        return result
+    if not (run_dir / "run.toml").exists():
+        raise RunCtlError(f"{run_dir}: no run.toml; not a run directory")
+    audit(run_dir, "resume", {"supervisor": "new"}, who)
+    proc = spawn_supervisor(run_dir)
+    client = await wait_for_supervisor(run_dir, proc)
+    await client.close()
+    return {"status": "started", "supervisor_pid": proc.pid}
+
+
+async def call(run_dir: Path, method: str, params: dict[str, Any]) -> Any:
+    client = await connect(run_dir)
+    if client is None:
+        raise RunCtlError(f"{run_dir}: no supervisor is running (start one with `up` or "
+                          "`resume`)")
+    try:
+        return await client.call(method, params, timeout=120.0)
+    finally:
+        await client.close()

@@ -1,0 +1,349 @@
+"""The SGLang servers of a run: launched one per GPU from the spec's command template, watched
+(liveness, health, figures), restarted with backoff, and adopted by a new supervisor.
+
+Each server runs in a session of its own with its output going straight to a log file, so a
+supervisor's death neither kills nor blinds it. servers.json records pid, process start time
+and port: a new supervisor adopts a server only when all three match and it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from agents.rundir.atomic import atomic_write
+from agents.rundir.spec import RunSpec
+from agents.supervise.procinfo import kill_group, same_process, start_time
+from agents.supervise.sglang_metrics import (
+    ServerFigures,
+    figures_from_log,
+    figures_from_metrics,
+    figures_from_server_info,
+    last_decode_line,
+    parse_metrics,
+)
+
+log = logging.getLogger("fleetdeck.servers")
+# A server healthy this long has recovered: its restart backoff starts over.
+STREAK_RESET_S = 600.0
+
+
+class ServerRecord(msgspec.Struct):
+    number: int
+    gpu: int
+    port: int
+    pid: int | None
+    start_ticks: int | None
+    started_at: float | None
+    restarts: int = 0
+
+
+@dataclass(slots=True)
+class ManagedServer:
+    number: int
+    gpu: int
+    port: int
+    pid: int | None = None
+    start_ticks: int | None = None
+    started_at: float | None = None
+    state: str = "starting"
+    restarts: int = 0
+    fails_in_row: int = 0
+    down_since: float | None = None
+    next_restart_at: float | None = None
+    last_error: str | None = None
+    health_checked_at: float | None = None
+    metrics_at: float | None = None
+    adopted: bool = False
+    # Automatic restarts since the server was last healthy for a while: drives the backoff
+    # and the limit (the lifetime `restarts` only counts, for people).
+    streak: int = 0
+    healthy_since: float | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    figures: ServerFigures = field(default_factory=ServerFigures)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def record(self) -> ServerRecord:
+        return ServerRecord(self.number, self.gpu, self.port, self.pid, self.start_ticks,
+                            self.started_at, self.restarts)
+
+    def process_alive(self) -> bool:
+        if self.pid is None:
+            return False
+        if self.proc is not None:
+            return self.proc.poll() is None  # reaps our own child
+        return self.start_ticks is not None and same_process(self.pid, self.start_ticks)
+
+
+class ServerSet:
+    def __init__(self, spec: RunSpec, run_dir: Path,
+                 on_state: Callable[[ManagedServer], None] | None = None) -> None:
+        self.spec = spec
+        self.cfg = spec.servers
+        self.run_dir = run_dir
+        self.on_state = on_state
+        gpus = self.cfg.gpus or []
+        self.servers = [ManagedServer(number=i, gpu=g, port=self.cfg.base_port + i)
+                        for i, g in enumerate(gpus)]
+        self.closed = False
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.health_timeout_s,
+                                                               connect=5.0))
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- records ----------------------------------------------------------------------------
+
+    @property
+    def record_path(self) -> Path:
+        return self.run_dir / "servers.json"
+
+    def save(self) -> None:
+        atomic_write(self.record_path,
+                     msgspec.json.encode([s.record() for s in self.servers]))
+
+    def load_records(self) -> dict[int, ServerRecord]:
+        try:
+            recs = msgspec.json.decode(self.record_path.read_bytes(), type=list[ServerRecord])
+        except (FileNotFoundError, msgspec.DecodeError):
+            return {}
+        return {r.number: r for r in recs}
+
+    # -- launch and adoption ----------------------------------------------------------------
+
+    def command_for(self, server: ManagedServer) -> str:
+        template = self.cfg.command or ""
+        try:
+            return template.format(model=self.cfg.model or "", port=server.port, gpu=server.gpu)
+        except (KeyError, IndexError) as exc:
+            raise ValueError(f"[servers] command: unknown placeholder {exc} in {template!r} "
+                             "(use {model} {port} {gpu})") from None
+
+    def launch(self, server: ManagedServer) -> None:
+        """Start the server: a launch script with the exact command and environment, output
+        appended to logs/sglang_gpu{N}.log, its own session (process group)."""
+        (self.run_dir / "launch").mkdir(exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        env = {"CUDA_VISIBLE_DEVICES": str(server.gpu), **self.cfg.env}
+        script = self.run_dir / "launch" / f"launch_gpu{server.gpu}.sh"
+        lines = ["#!/bin/sh", f"# fleetdeck: server {server.number} on GPU {server.gpu}, "
+                 f"port {server.port}", f"cd {shlex.quote(str(self.run_dir))}"]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        lines.append(f"exec {self.command_for(server)}")
+        script.write_text("\n".join(lines) + "\n")
+        script.chmod(0o755)
+        logfile = self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log"
+        with open(logfile, "ab") as out:
+            out.write(f"\n# fleetdeck: launching at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                      .encode())
+            out.flush()
+            proc = subprocess.Popen(["/bin/sh", str(script)], stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=self.run_dir,
+                                    env={**os.environ, **env})
+        server.proc = proc
+        server.pid = proc.pid
+        server.start_ticks = start_time(proc.pid)
+        server.started_at = time.time()
+        server.adopted = False
+        server.fails_in_row = 0
+        server.figures = ServerFigures()
+        self._set_state(server, "starting")
+        self.save()
+        log.info("server %d launched on GPU %d, port %d, pid %d", server.number, server.gpu,
+                 server.port, proc.pid)
+
+    async def _answers(self, server: ManagedServer) -> bool:
+        try:
+            resp = await self._client.get(f"{server.url}/health")
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def adopt_or_launch(self) -> None:
+        records = self.load_records()
+        for server in self.servers:
+            rec = records.get(server.number)
+            if rec is not None:
+                server.restarts = rec.restarts
+            if (rec is not None and rec.pid and rec.start_ticks and rec.port == server.port
+                    and same_process(rec.pid, rec.start_ticks)):
+                server.pid, server.start_ticks = rec.pid, rec.start_ticks
+                server.started_at = rec.started_at
+                if await self._answers(server):
+                    server.adopted = True
+                    self._set_state(server, "healthy")
+                    log.info("server %d adopted (pid %d)", server.number, rec.pid)
+                    continue
+                log.warning("server %d (pid %d) is alive but does not answer: replacing it",
+                            server.number, rec.pid)
+                await self._terminate(server)
+            elif rec is not None and rec.pid:
+                log.info("server %d: recorded pid %d is gone or is another process now: "
+                         "launching a new one", server.number, rec.pid)
+            self.launch(server)
+        self.save()
+
+    # -- watching ---------------------------------------------------------------------------
+
+    def _set_state(self, server: ManagedServer, state: str) -> None:
+        if server.state != state:
+            log.info("server %d: %s -> %s", server.number, server.state, state)
+            server.state = state
+            if state in ("down", "restarting") and server.down_since is None:
+                server.down_since = time.time()
+            if state == "healthy":
+                server.down_since = None
+                server.healthy_since = time.time()
+            else:
+                server.healthy_since = None
+            if self.on_state is not None:
+                self.on_state(server)
+
+    def start(self) -> None:
+        for server in self.servers:
+            self._tasks.append(asyncio.create_task(self._watch(server)))
+            self._tasks.append(asyncio.create_task(self._figures(server)))
+
+    async def wait_healthy(self, timeout: float, stop: Callable[[], bool] | None = None) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (stop is not None and stop()):
+            if all(s.state == "healthy" for s in self.servers):
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+    async def _watch(self, server: ManagedServer) -> None:
+        cfg = self.cfg
+        while not self.closed:
+            now = time.time()
+            if server.state == "stopped":
+                pass
+            elif not server.process_alive():
+                await self._on_dead(server, now)
+            else:
+                ok = await self._answers(server)
+                server.health_checked_at = time.time()
+                if ok:
+                    server.fails_in_row = 0
+                    self._set_state(server, "healthy")
+                    if server.streak and server.healthy_since is not None and \
+                            now - server.healthy_since > STREAK_RESET_S:
+                        server.streak = 0
+                elif server.state == "starting":
+                    if server.started_at and now - server.started_at > cfg.startup_timeout_s:
+                        server.last_error = f"not ready after {cfg.startup_timeout_s:.0f} s"
+                        await self.restart(server, server.last_error)
+                else:
+                    server.fails_in_row += 1
+                    server.last_error = "health check failed or timed out"
+                    if server.fails_in_row >= cfg.health_failures_to_down:
+                        self._set_state(server, "down")
+                    elif server.state == "healthy":
+                        self._set_state(server, "degraded")
+                    if (server.state == "down" and server.down_since is not None
+                            and now - server.down_since > cfg.hung_restart_s):
+                        await self.restart(server, "hung: no health answer for "
+                                           f"{now - server.down_since:.0f} s")
+            await asyncio.sleep(cfg.health_interval_s)
+
+    async def _on_dead(self, server: ManagedServer, now: float) -> None:
+        cfg = self.cfg
+        if server.next_restart_at is None:
+            code = server.proc.returncode if server.proc is not None else None
+            server.last_error = f"process {server.pid} exited" + (
+                f" with {code}" if code is not None else "")
+            log.warning("server %d: %s", server.number, server.last_error)
+            self._set_state(server, "down")
+            server.next_restart_at = now + cfg.restart_backoff_s * 2 ** min(server.streak, 6)
+        if server.streak >= cfg.max_restarts:
+            server.last_error = f"gave up after {server.streak} restarts in a row"
+            return
+        if server.next_restart_at is not None and now >= server.next_restart_at:
+            await self.restart(server, server.last_error or "process exited")
+
+    async def restart(self, server: ManagedServer, reason: str, manual: bool = False) -> None:
+        log.warning("server %d: restarting (%s)", server.number, reason)
+        self._set_state(server, "restarting")
+        await self._terminate(server)
+        server.restarts += 1
+        if not manual:
+            server.streak += 1
+        server.next_restart_at = None
+        self.launch(server)
+
+    async def _terminate(self, server: ManagedServer, grace_s: float = 10.0) -> None:
+        if server.pid is None:
+            return
+        if server.process_alive():
+            kill_group(server.pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while server.process_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if server.process_alive():
+                kill_group(server.pid, signal.SIGKILL)
+                while server.process_alive():
+                    await asyncio.sleep(0.05)
+
+    async def _figures(self, server: ManagedServer) -> None:
+        """/server_info and /metrics every few seconds; the decode log line as a fallback."""
+        logfile = self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log"
+        while not self.closed:
+            await asyncio.sleep(max(self.cfg.health_interval_s, 1.0))
+            if server.state not in ("healthy", "degraded"):
+                continue
+            fig = ServerFigures()
+            try:
+                info = await self._client.get(f"{server.url}/server_info", timeout=5.0)
+                if info.status_code == 200:
+                    figures_from_server_info(info.json(), fig)
+                met = await self._client.get(f"{server.url}/metrics", timeout=5.0)
+                if met.status_code == 200:
+                    figures_from_metrics(parse_metrics(met.text), fig)
+            except (httpx.HTTPError, ValueError) as exc:
+                server.last_error = f"figures: {type(exc).__name__}"
+            fields = await asyncio.to_thread(last_decode_line, logfile)
+            if fields:
+                figures_from_log(fields, fig)
+            server.figures = fig
+            server.metrics_at = time.time()
+
+    async def stop_all(self) -> None:
+        for server in self.servers:
+            await self._terminate(server)
+            self._set_state(server, "stopped")
+        self.save()
+
+    async def close(self) -> None:
+        self.closed = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._client.aclose()
+
+    def status_fields(self, server: ManagedServer) -> dict[str, Any]:
+        f = server.figures
+        return {
+            "gpu": server.gpu, "port": server.port, "pid": server.pid,
+            "restarts": server.restarts, "started_at": server.started_at,
+            "running_reqs": f.running_reqs, "queued_reqs": f.queued_reqs,
+            "gen_throughput": f.gen_throughput, "token_usage": f.token_usage,
+            "effective_max_running": f.effective_max_running,
+            "accept_length_cum": f.accept_length_cum,
+            "accept_length_window": f.accept_length_window,
+            "accept_length_log": f.accept_length_log,
+            "health_checked_at": server.health_checked_at, "metrics_at": server.metrics_at,
+        }

@@ -1,0 +1,392 @@
+"""The run supervisor: one detached process per run. It launches (or adopts) the servers,
+runs the job (the engine in-process, or the trainer as a subprocess), watches everything,
+raises alerts, and answers RPC on a Unix socket. `python -m agents.supervise.supervisor RUN_DIR`."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import __version__
+from agents.engine.run import Engine, EngineError
+from agents.engine.store import StoreError
+from agents.engine.uploader import S3Unavailable
+from agents.rpc.methods import ControlMethods, check_hello
+from agents.rpc.protocol import (
+    NOT_RUNNING,
+    REFUSED,
+    STREAM_LIMIT,
+    RpcError,
+    dispatch_line,
+    notification,
+)
+from agents.rpc.sockpath import socket_path
+from agents.rundir.control import audit
+from agents.rundir.schema import ServerStatus, Snapshot, encoder
+from agents.rundir.spec import RunSpec, load_run_spec
+from agents.supervise.alerts import AlertBook
+from agents.supervise.servers import ManagedServer, ServerSet
+from agents.supervise.snapshot import DiskWatch, Nvml, read_progress, read_train_progress
+
+log = logging.getLogger("fleetdeck.supervisor")
+PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir.resolve()
+        self.spec: RunSpec = load_run_spec(self.run_dir)
+        self.servers: ServerSet | None = None
+        self.engine: Engine | None = None
+        self.engine_task: asyncio.Task[int] | None = None
+        self.train_proc: subprocess.Popen[bytes] | None = None
+        self.alerts = AlertBook(self.spec.alerts)
+        self.disk = DiskWatch(self.run_dir)
+        self.nvml = Nvml()
+        self.subscribers: set[asyncio.StreamWriter] = set()
+        self.exit = asyncio.Event()
+        self.status = "starting"
+        self.message: str | None = None
+        self.stop_servers_after_job = False
+        self.starting = True  # until the servers are up and the job has been started
+        self.control = ControlMethods(self.run_dir)
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- life -------------------------------------------------------------------------------
+
+    def _lock(self) -> None:
+        self._lock_fd = os.open(self.run_dir / "supervisor.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"{self.run_dir}: another supervisor runs this run") from None
+        (self.run_dir / "supervisor.pid").write_text(f"{os.getpid()}\n")
+
+    async def main(self) -> int:
+        self._lock()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: self._spawn(self.down("signal")))
+        sock = socket_path(self.run_dir)
+        if sock.exists():
+            sock.unlink()
+        server = await asyncio.start_unix_server(self._session, path=str(sock),
+                                                 limit=STREAM_LIMIT)
+        os.chmod(sock, 0o600)
+        (self.run_dir / "agent.sock.path").write_text(f"{sock}\n")
+        log.info("supervisor %d for %s listening on %s", os.getpid(), self.run_dir, sock)
+        pusher = asyncio.create_task(self._push_loop())
+        try:
+            await self._start_servers()
+            # A `down` during start-up wins; a `resume` during it may have started the job.
+            if not self.exit.is_set() and not self.job_running():
+                await self.start_job()
+            self.starting = False
+            await self.exit.wait()
+        finally:
+            pusher.cancel()
+            server.close()
+            for w in list(self.subscribers):
+                w.close()
+            if self.servers is not None:
+                await self.servers.close()
+            try:
+                sock.unlink()
+            except FileNotFoundError:
+                pass
+            (self.run_dir / "supervisor.pid").unlink(missing_ok=True)
+        log.info("supervisor exits")
+        return 0
+
+    async def _start_servers(self) -> None:
+        if not self.spec.servers.gpus:
+            return
+        self.servers = ServerSet(self.spec, self.run_dir, on_state=self._server_state)
+        await self.servers.adopt_or_launch()
+        self.servers.start()
+        timeout = self.spec.servers.startup_timeout_s
+        if not await self.servers.wait_healthy(timeout, stop=self.exit.is_set):
+            self.message = f"not every server was healthy within {timeout:.0f} s"
+            log.warning(self.message)
+
+    def _server_state(self, server: ManagedServer) -> None:
+        if self.engine is not None and self.engine_task is not None:
+            self.engine.set_server_state(server.number,
+                                         server.state in ("healthy", "degraded"))
+
+    async def start_job(self) -> None:
+        if self.job_running():
+            raise RpcError(REFUSED, "the job is already running")
+        if self.spec.run.kind == "train":
+            self._start_trainer()
+            return
+        urls = [s.url for s in self.servers.servers] if self.servers else None
+        engine = Engine(self.spec, urls=urls)
+        try:
+            await asyncio.to_thread(engine.prepare)
+        except (EngineError, S3Unavailable, StoreError, ValueError, OSError) as exc:
+            self.status = "failed"
+            self.message = f"the engine refused to start: {exc}"
+            log.error(self.message)
+            return
+        self.engine = engine
+        if self.servers is not None:
+            for s in self.servers.servers:
+                engine.set_server_state(s.number, s.state in ("healthy", "degraded"))
+        self.engine_task = asyncio.create_task(engine.run(install_signals=False))
+        self.engine_task.add_done_callback(self._job_ended)
+
+    def _start_trainer(self) -> None:
+        """The training job: prepare (the quality gate can stop it here), then train; a
+        resumed job continues from its last checkpoint."""
+        logfile = self.run_dir / "logs" / "train.log"
+        logfile.parent.mkdir(exist_ok=True)
+        spec = shlex.quote(str(self.run_dir / "run.toml"))
+        py = shlex.quote(sys.executable)
+        train = f"exec {py} -m trainer.cli train {spec}"
+        if (self.run_dir / "progress.json").exists() and read_train_progress(self.run_dir):
+            train += " --resume"
+        prepared = Path(self.spec.train.prepared) if self.spec.train else Path("prepared")
+        report = (prepared if prepared.is_absolute() else self.run_dir / prepared) / \
+            "prepare_report.json"
+        script = train if report.exists() else f"{py} -m trainer.cli prepare {spec} && {train}"
+        with open(logfile, "ab") as out:
+            self.train_proc = subprocess.Popen(
+                ["/bin/sh", "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=self.run_dir, start_new_session=True)
+        self.status = "running"
+
+    def _job_ended(self, task: asyncio.Task[int]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.status = "failed"
+            self.message = f"the engine crashed: {type(exc).__name__}: {exc}"
+            log.error(self.message)
+        if self.stop_servers_after_job and self.servers is not None:
+            self._spawn(self.servers.stop_all())
+
+    def job_running(self) -> bool:
+        if self.engine_task is not None and not self.engine_task.done():
+            return True
+        return self.train_proc is not None and self.train_proc.poll() is None
+
+    async def stop_job(self, servers: bool) -> None:
+        self.stop_servers_after_job = servers
+        if self.engine is not None and self.job_running():
+            self.engine.request_stop()
+        elif self.train_proc is not None and self.train_proc.poll() is None:
+            self.train_proc.send_signal(signal.SIGTERM)
+        elif servers and self.servers is not None:
+            await self.servers.stop_all()
+
+    async def down(self, why: str) -> None:
+        log.info("down (%s): stopping the job and the servers", why)
+        await self.stop_job(servers=True)
+        if self.engine_task is not None:
+            await asyncio.gather(self.engine_task, return_exceptions=True)
+        if self.train_proc is not None:
+            await asyncio.to_thread(self.train_proc.wait)
+        if self.servers is not None:
+            await self.servers.stop_all()
+        self.exit.set()
+
+    # -- status -----------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        now = time.time()
+        progress = self.engine.snapshot() if self.engine is not None else None
+        age: float | None = 0.0
+        if progress is None and self.spec.run.kind == "generate":
+            progress, age = read_progress(self.run_dir)
+        train = read_train_progress(self.run_dir) if self.spec.run.kind == "train" else None
+        servers: list[ServerStatus] = []
+        managed = {s.number: s for s in self.servers.servers} if self.servers else {}
+        numbers = sorted(set(managed) | {int(k) for k in (progress.servers if progress else {})})
+        for n in numbers:
+            sp = progress.servers.get(str(n)) if progress else None
+            m = managed.get(n)
+            state = m.state if m is not None else (sp.state if sp else "down")
+            st = ServerStatus(number=n, url=m.url if m else (sp.url if sp else ""),
+                              state=state if state != "stopped" else "down")  # type: ignore[arg-type]
+            if sp is not None:
+                st.in_flight, st.limit, st.completed, st.failed = (sp.in_flight, sp.limit,
+                                                                   sp.completed, sp.failed)
+                st.req_per_s, st.tok_per_s, st.accept_length = (sp.req_per_s, sp.tok_per_s,
+                                                                 sp.accept_length)
+                st.last_error = sp.last_error
+            if m is not None and self.servers is not None:
+                for key, value in self.servers.status_fields(m).items():
+                    setattr(st, key, value)
+                st.last_error = m.last_error or st.last_error
+                st.gpu_stats = self.nvml.stats(m.gpu)
+            servers.append(st)
+        disk = self.disk.status(now)
+        alerts = self.alerts.evaluate(progress, servers, disk, now)
+        status: str
+        if train is None and self.train_proc is not None and self.train_proc.poll():
+            status = "failed"
+            self.message = (f"the training job exited with {self.train_proc.returncode} "
+                            "before training (the quality gate?): see logs/train.log")
+        elif progress is not None:
+            status = progress.status
+        elif train is not None:
+            status = str(train.get("status", "running"))
+            code = self.train_proc.poll() if self.train_proc is not None else None
+            if code not in (None, 0) and status in ("running", "starting"):
+                # The trainer died without writing its last word.
+                status = "failed"
+                self.message = f"the trainer exited with {code}: see logs/train.log"
+        else:
+            status = self.status
+        return Snapshot(
+            kind=self.spec.run.kind, run=self.spec.run.name, run_dir=str(self.run_dir),
+            host=socket.gethostname(), status=status, updated_at=now, source="supervisor",
+            agent_version=__version__, supervisor_pid=os.getpid(), progress=progress,
+            progress_age_s=age, train=train, servers=servers, alerts=alerts, disk=disk,
+            message=self.message or (progress.message if progress else None),
+        )
+
+    async def _push_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PUSH_INTERVAL_S)
+            if not self.subscribers:
+                continue
+            # One encode of the snapshot, spliced into the notification envelope.
+            line = (b'{"jsonrpc":"2.0","method":"status","params":'
+                    + encoder.encode(self.snapshot()) + b"}\n")
+            for w in list(self.subscribers):
+                try:
+                    w.write(line)
+                    await asyncio.wait_for(w.drain(), 5)
+                except (ConnectionError, TimeoutError, OSError):
+                    self.subscribers.discard(w)
+
+    # -- RPC --------------------------------------------------------------------------------
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        methods = self._methods(writer)
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # a line over STREAM_LIMIT
+                    writer.write(notification("error", {"message": "line too long"}))
+                    break
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                reply = await dispatch_line(line, methods)
+                if reply is not None:
+                    writer.write(reply)
+                    await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.subscribers.discard(writer)
+            writer.close()
+
+    def _methods(self, writer: asyncio.StreamWriter) -> dict[str, Any]:
+        async def hello(p: dict[str, Any]) -> Any:
+            return check_hello(p, self.run_dir, supervised=True)
+
+        async def status(p: dict[str, Any]) -> Any:
+            return encoder_obj(self.snapshot())
+
+        async def subscribe(p: dict[str, Any]) -> Any:
+            self.subscribers.add(writer)
+            return encoder_obj(self.snapshot())
+
+        async def unsubscribe(p: dict[str, Any]) -> Any:
+            self.subscribers.discard(writer)
+            return {"ok": True}
+
+        async def stop(p: dict[str, Any]) -> Any:
+            servers = bool(p.get("servers", False))
+            audit(self.run_dir, "stop", {"servers": servers}, p.get("who"))
+            if not self.job_running() and not servers:
+                raise RpcError(NOT_RUNNING, "no job is running")
+            await self.stop_job(servers)
+            return {"status": "draining" if self.job_running() else "stopped"}
+
+        async def down(p: dict[str, Any]) -> Any:
+            audit(self.run_dir, "down", {}, p.get("who"))
+            self._spawn(self.down("rpc"))
+            return {"status": "going down"}
+
+        async def resume(p: dict[str, Any]) -> Any:
+            audit(self.run_dir, "resume", {}, p.get("who"))
+            if self.job_running():
+                return {"status": "running", "message": "the job is already running"}
+            if self.starting:
+                raise RpcError(REFUSED, "the supervisor is still starting its servers; the job "
+                               "starts when they are up")
+            if self.servers is not None and any(s.state == "stopped"
+                                                for s in self.servers.servers):
+                for s in self.servers.servers:
+                    if s.state == "stopped":
+                        self.servers.launch(s)
+            self.message = None
+            await self.start_job()
+            if not self.job_running():
+                raise RpcError(REFUSED, self.message or "the job did not start")
+            return {"status": "started"}
+
+        async def launch(p: dict[str, Any]) -> Any:
+            return await resume(p)
+
+        async def restart_server(p: dict[str, Any]) -> Any:
+            n = int(p["server"])
+            audit(self.run_dir, "restart_server", {"server": n}, p.get("who"))
+            if self.servers is None or not 0 <= n < len(self.servers.servers):
+                raise RpcError(REFUSED, f"no managed server {n} in this run")
+            await self.servers.restart(self.servers.servers[n], "restart-server on demand",
+                                       manual=True)
+            return {"server": n, "state": self.servers.servers[n].state}
+
+        methods: dict[str, Any] = self.control.methods()
+        methods.update(hello=hello, status=status, subscribe=subscribe, unsubscribe=unsubscribe,
+                       stop=stop, down=down, resume=resume, launch=launch,
+                       restart_server=restart_server)
+        return methods
+
+
+def encoder_obj(obj: Any) -> Any:
+    """A Struct as plain JSON-ready data (for dispatch_line's encoder)."""
+    import msgspec
+
+    return msgspec.to_builtins(obj)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 1:
+        print("usage: python -m agents.supervise.supervisor RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0]).resolve()
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return asyncio.run(Supervisor(run_dir).main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Artifacts on the console: `pull` (its data paths) and the decommission gate."""

@@ -1,0 +1,204 @@
+"""Pull and the decommission gate, as the headless verbs and the TUI both run them.
+
+The gate passes only when the run is done or stopped, the node's `verify` passes, and every
+artifact of the pull set is here with a matching sha256; otherwise it lists what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.rpc.protocol import RpcError
+from agents.rundir.schema import ManifestEntry
+from console.artifacts.pull import (
+    PULL_CIPHERS,
+    Progress,
+    Puller,
+    PullError,
+    PullReport,
+    dest_for,
+    fetch_manifest,
+    local_sha256,
+    open_source,
+    pull_set,
+    safe_rel,
+    save_manifest,
+)
+from console.fleet import Fleet, Node
+from console.headless import (
+    EXIT_CHECK,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    open_link,
+    say,
+)
+from console.transport import AgentLink, Unreachable
+
+
+@dataclass
+class Item:
+    name: str
+    ok: bool
+    detail: str
+    missing: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Checklist:
+    node: str
+    dest: str
+    items: list[Item]
+
+    @property
+    def ok(self) -> bool:
+        return all(i.ok for i in self.items)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "dest": self.dest, "ok": self.ok,
+                "items": [asdict(i) for i in self.items]}
+
+
+async def _context(link: AgentLink, node: Node, everything: bool
+                   ) -> tuple[dict[str, Any], list[ManifestEntry], list[ManifestEntry]]:
+    """The node's status, its whole manifest, and the pull set chosen from it."""
+    snap = await link.call("status", {}, timeout=60)
+    entries = await fetch_manifest(link.call)
+    chosen = pull_set(entries, node.role, everything, snap.get("train"))
+    return snap, entries, chosen
+
+
+async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: bool = False,
+                    on_progress: Callable[[Progress], None] | None = None,
+                    engine: str | None = None) -> PullReport:
+    """Pull the node's pull set; `engine` picks the data path (console/pull.py: pull_engine)."""
+    snap, entries, chosen = await _context(link, node, everything)
+    dest = dest_for(pull_dir, node, snap["run"])
+    save_manifest(dest, entries)
+    source = await open_source(node, link.conn, engine)
+    try:
+        report = await Puller(source, dest, on_progress).run(chosen)
+    finally:
+        await source.close()
+    report.refused = [e.path for e in entries if e.refused is not None]
+    return report
+
+
+async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
+    snap, entries, chosen = await _context(link, node, False)
+    dest = dest_for(pull_dir, node, snap["run"])
+    items = [Item("run finished", snap["status"] in ("done", "stopped"),
+                  f"run {snap['run']} is {snap['status']}")]
+    if node.role == "generate":
+        try:
+            report = await link.call("verify", {}, timeout=3600)
+            problems = report.get("problems") or []
+            items.append(Item("verify (S3 and counts)", bool(report.get("ok")),
+                              "every closed batch in S3, counts agree" if report.get("ok")
+                              else "; ".join(problems[:5]), problems))
+        except RpcError as exc:
+            items.append(Item("verify (S3 and counts)", False, exc.message))
+    missing = []
+    for e in chosen:
+        rel = safe_rel(e.path)
+        got = await asyncio.to_thread(local_sha256, dest / rel, e.size)
+        if got != e.sha256:
+            missing.append(rel + (" (differs)" if (dest / rel).exists() else ""))
+    refused = [f"{e.path} ({e.refused})" for e in entries if e.refused is not None]
+    items.append(Item("nothing refused", not refused,
+                      "every file in the run directory can be served" if not refused else
+                      f"{len(refused)} file(s) the agent will not serve (a symlink, or "
+                      "unreadable): copy them by hand or remove them", refused))
+    if any(m.startswith("logs/") for m in missing) and snap.get("source") == "supervisor" \
+            and any(s.get("state") == "healthy" for s in snap.get("servers", [])):
+        missing.append("(the servers are still up and their logs keep growing: `down` first, "
+                       "then pull again)")
+    items.append(Item("artifacts pulled", not missing,
+                      f"all {len(chosen)} files here with matching sha256 in {dest}"
+                      if not missing else f"{len(missing)} of {len(chosen)} missing or "
+                      f"different in {dest}", missing))
+    return Checklist(node.name, str(dest), items)
+
+
+def _printer() -> Callable[[Progress], None]:
+    last = [0.0]
+
+    def show(p: Progress) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - last[0] < 0.5 and p.files_done < p.files_total:
+            return
+        last[0] = now
+        eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "?"
+        print(f"\r{p.files_done}/{p.files_total} files, {p.bytes_done / 2**20:.1f}/"
+              f"{p.bytes_total / 2**20:.1f} MiB, {p.rate / 2**20:.1f} MiB/s, ETA {eta}   ",
+              end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+async def cmd_pull(fleet: Fleet, args: argparse.Namespace) -> int:
+    node = fleet.node(args.node_name)
+    try:
+        link = AgentLink(node, ciphers=PULL_CIPHERS)
+        await link.connect()
+    except (Unreachable, OSError) as exc:
+        say(str(exc))
+        return EXIT_UNREACHABLE
+    try:
+        pull_dir = Path(args.to) if args.to else fleet.pull_dir
+        report = await pull_node(link, node, pull_dir, args.all, _printer())
+    except (RpcError, ConnectionError, TimeoutError) as exc:
+        say(f"\n{node.name}: pull: {exc}")
+        return EXIT_UNREACHABLE
+    except PullError as exc:
+        say(f"\n{node.name}: pull: {exc}")
+        return EXIT_USAGE
+    finally:
+        await link.close()
+    print(file=sys.stderr)
+    print(json.dumps({"dest": str(report.dest), "copied": len(report.copied),
+                      "skipped": len(report.skipped), "resumed": report.resumed,
+                      "refetched": report.refetched, "failed": report.failed,
+                      "refused": report.refused,
+                      "bytes_transferred": report.bytes_transferred}))
+    for rel, why in report.failed.items():
+        say(f"{node.name}: {rel}: {why}")
+    return EXIT_OK if report.ok else EXIT_CHECK
+
+
+async def cmd_decommission_check(fleet: Fleet, args: argparse.Namespace) -> int:
+    node = fleet.node(args.node_name)
+    try:
+        link = await open_link(node, args.accept_new_host_key)
+    except (Unreachable, OSError) as exc:
+        say(str(exc))
+        return EXIT_UNREACHABLE
+    try:
+        pull_dir = Path(args.to) if args.to else fleet.pull_dir
+        result = await checklist(link, node, pull_dir)
+    except (RpcError, ConnectionError, TimeoutError) as exc:
+        say(f"{node.name}: decommission-check: {exc}")
+        return EXIT_UNREACHABLE
+    finally:
+        await link.close()
+    if args.json:
+        print(json.dumps(result.as_dict()))
+    else:
+        for item in result.items:
+            print(f"[{'x' if item.ok else ' '}] {item.name}: {item.detail}")
+            for m in item.missing[:50]:
+                print(f"      - {m}")
+        print("SAFE to give the node back" if result.ok else "NOT safe to give the node back")
+    return EXIT_OK if result.ok else EXIT_CHECK
+
+
+__all__ = ["Checklist", "checklist", "cmd_decommission_check", "cmd_pull", "pull_node"]

@@ -1,0 +1,537 @@
+"""`fleetdeck pull NODE`: copy a run's artifacts here, proven by sha256.
+
+Files come from the node's manifest (served by the agent, confined to RUN_DIR) into
+PULL_DIR/<node>/<run>/ mirroring RUN_DIR, several at once. The bytes travel by OpenSSH's own
+`sftp` client when it is installed (console/opensftp.py: C, AES-GCM, a few processes in
+parallel), else over SFTP on the agent link's asyncssh connection (pipelined reads in Python,
+about half scp's speed); a node on this machine is read directly. Either way a half-copied file
+resumes from its `.fdpart` size, every file is checked against the manifest's sha256, and a
+mismatch is fetched again once, then reported. FLEETDECK_PULL_ENGINE=openssh|asyncssh picks a
+data path (tests, benchmarks, a broken sftp). By default the pull set leaves out completion
+batches that S3 holds verified (`--all` takes them too); for a training run it takes progress,
+logs and the latest and best checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import asyncssh
+import msgspec
+
+from agents.rundir.schema import ManifestEntry, ManifestPage
+from console.artifacts import opensftp
+from console.fleet import Node
+
+CHUNK = 4 * 1024 * 1024
+# OpenSSH's sftp-server answers at most 255 KiB per read; asking for 256 KiB got 255 back and
+# asyncssh fetched the missing 1 KiB with a second request, doubling the requests.
+SFTP_READ = 255 * 1024
+PARALLEL_FILES = 4
+PART_SUFFIX = ".fdpart"
+CHECKPOINT_RE = re.compile(r"^epoch_\d+_step_\d+$")
+STATE_DIR = ".fleetdeck"
+# Which data path pull takes: "openssh", "asyncssh", or unset (OpenSSH's sftp when installed).
+ENGINE_ENV = "FLEETDECK_PULL_ENGINE"
+# How often the OpenSSH path looks at the parts' sizes: sftp in batch mode reports no progress.
+PROGRESS_POLL_S = 0.5
+# Preferred ciphers for bulk copies: AES-GCM runs on the CPU's AES instructions.
+PULL_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
+                "chacha20-poly1305@openssh.com"]
+
+
+class PullError(RuntimeError):
+    pass
+
+
+class Source(Protocol):
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class SftpSource:
+    """Reads from RUN_DIR on the node over SFTP, with many requests in flight per file."""
+
+    engine = "asyncssh"
+
+    def __init__(self, sftp: asyncssh.SFTPClient, run_dir: str) -> None:
+        self.sftp = sftp
+        self.run_dir = run_dir
+
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None:
+        async with self.sftp.open(f"{self.run_dir}/{rel}", "rb", block_size=SFTP_READ,
+                                  max_requests=64) as f:
+            pos, end = offset, offset + length
+            while pos < end:
+                data = await f.read(min(CHUNK, end - pos), pos)
+                assert isinstance(data, bytes)  # opened in binary mode
+                if not data:
+                    raise PullError(f"{rel}: the file ended at {pos} bytes, the manifest "
+                                    f"says {end}")
+                sink(data)
+                pos += len(data)
+
+    async def close(self) -> None:
+        self.sftp.exit()
+
+
+class LocalSource:
+    """The same, for a node on this machine (the demo, tests of the local transport)."""
+
+    engine = "local"
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None:
+        def copy() -> None:
+            with open(os.path.join(self.run_dir, rel), "rb") as f:
+                f.seek(offset)
+                left = length
+                while left:
+                    data = f.read(min(CHUNK, left))
+                    if not data:
+                        raise PullError(f"{rel}: shorter than the manifest says")
+                    sink(data)
+                    left -= len(data)
+
+        await asyncio.to_thread(copy)
+
+    async def close(self) -> None:
+        return None
+
+
+class OpensshSource:
+    """Pull through OpenSSH's sftp (the Puller hands it whole batches); `read` serves the few
+    files a batch line cannot name, over SFTP on the agent link's connection."""
+
+    engine = "openssh"
+
+    def __init__(self, node: Node, sftp: str, conn: asyncssh.SSHClientConnection | None) -> None:
+        self.node = node
+        self.fetcher = opensftp.SftpFetcher(sftp, node, node.run_dir)
+        self._conn = conn
+        self._fallback: SftpSource | None = None
+
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None:
+        if self._fallback is None:
+            if self._conn is None:
+                raise PullError(f"{rel}: sftp cannot fetch this name and there is no SSH "
+                                "connection to fall back on")
+            self._fallback = SftpSource(await self._conn.start_sftp_client(), self.node.run_dir)
+        await self._fallback.read(rel, offset, length, sink)
+
+    async def close(self) -> None:
+        if self._fallback is not None:
+            await self._fallback.close()
+
+
+@dataclass
+class Progress:
+    files_total: int = 0
+    files_done: int = 0
+    bytes_total: int = 0
+    bytes_done: int = 0
+    bytes_transferred: int = 0  # what actually crossed the wire (resumes and skips excluded)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        dt = time.monotonic() - self.started
+        return self.bytes_transferred / dt if dt > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        left = self.bytes_total - self.bytes_done
+        return left / self.rate if self.rate > 0 else None
+
+
+@dataclass
+class PullReport:
+    dest: Path
+    copied: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    resumed: dict[str, int] = field(default_factory=dict)
+    refetched: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+    bytes_transferred: int = 0
+    engine: str = ""  # the data path: "openssh", "asyncssh" or "local"
+    notes: list[str] = field(default_factory=list)  # e.g. why OpenSSH's sftp was not used
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def safe_rel(path: str) -> str:
+    """A manifest path as a local relative path: never absolute, never '..'."""
+    rel = PurePosixPath(path)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        raise PullError(f"manifest path {path!r} leaves the run directory; refused")
+    return str(rel)
+
+
+async def fetch_manifest(call: Callable[..., Any]) -> list[ManifestEntry]:
+    entries: list[ManifestEntry] = []
+    offset: int | None = 0
+    while offset is not None:
+        raw = await call("manifest", {"offset": offset, "limit": 5000})
+        page = msgspec.convert(raw, ManifestPage)
+        entries += page.entries
+        offset = page.next_offset
+    return entries
+
+
+def pull_set(entries: list[ManifestEntry], role: str, everything: bool,
+             train: dict[str, Any] | None = None) -> list[ManifestEntry]:
+    """What must be here before the node may go: by default everything but completion
+    batches that S3 holds verified; for training, the latest and best checkpoints only."""
+    keep_ckpt: set[str] = set()
+    if train:
+        for key in ("last_checkpoint", "best_checkpoint"):
+            value = train.get(key)
+            if isinstance(value, str) and value:
+                keep_ckpt.add(value.rstrip("/").split("/")[-1])
+    chosen = []
+    for e in entries:
+        if e.refused is not None:
+            continue
+        if e.kind == "batch" and e.in_s3 and not everything:
+            continue
+        if e.kind == "checkpoint" and not everything and role == "train":
+            # Of the epoch_E_step_S folders only the latest and the best; files beside them
+            # (best.json) come too.
+            folders = [p for p in e.path.split("/") if CHECKPOINT_RE.match(p)]
+            if folders and not any(p in keep_ckpt for p in folders):
+                continue
+        chosen.append(e)
+    return chosen
+
+
+def local_sha256(path: Path, size: int) -> str | None:
+    try:
+        if path.stat().st_size != size:
+            return None
+    except FileNotFoundError:
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def finish_part(part: Path, final: Path, size: int, sha256: str | None) -> bool:
+    """Check a downloaded part and on a match make it the file (synced first); a mismatch
+    deletes it. A log still growing on the node comes longer than the manifest, whose sha256
+    is of its first `size` bytes: the rest is cut off."""
+    with open(part, "r+b") as f:
+        if os.fstat(f.fileno()).st_size > size:
+            f.truncate(size)
+        ok = hashlib.file_digest(f, "sha256").hexdigest() == sha256
+        if ok:
+            os.fsync(f.fileno())
+    if not ok:
+        part.unlink()
+        return False
+    os.replace(part, final)
+    return True
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+@dataclass(eq=False)
+class _Part:
+    """One file on the OpenSSH path: its entry, where it goes, how much of it is here."""
+
+    entry: ManifestEntry
+    rel: str
+    final: Path
+    part: Path
+    seen: int  # the part's size when last looked at
+    second: bool = False  # this is the fetch after a mismatch
+
+
+class Puller:
+    def __init__(self, source: Source, dest: Path,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.source = source
+        self.dest = dest
+        self.on_progress = on_progress
+        self.progress = Progress()
+        self.report = PullReport(dest)
+        self._parts: dict[str, _Part] = {}  # the OpenSSH path's files of the current round
+
+    def _tick(self, n: int) -> None:
+        self.progress.bytes_done += n
+        self.progress.bytes_transferred += n
+        self.report.bytes_transferred += n
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    async def _copy(self, e: ManifestEntry, rel: str, final: Path) -> bool:
+        """Copy into final.fdpart (resuming from its size), check, then rename."""
+        part = final.with_name(final.name + PART_SUFFIX)
+        have = part.stat().st_size if part.exists() else 0
+        if have > e.size:
+            part.unlink()
+            have = 0
+        if have:
+            self.report.resumed[rel] = have
+            self.progress.bytes_done += have
+        h = hashlib.sha256()
+        if have:
+            with open(part, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+        with open(part, "ab") as out:
+            def sink(data: bytes) -> None:
+                out.write(data)
+                h.update(data)
+                self._tick(len(data))
+
+            await self.source.read(rel, have, e.size - have, sink)
+            out.flush()
+            os.fsync(out.fileno())
+        if h.hexdigest() != e.sha256:
+            part.unlink()
+            return False
+        os.replace(part, final)
+        return True
+
+    async def _one(self, e: ManifestEntry, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            try:
+                rel = safe_rel(e.path)
+            except PullError as exc:
+                self.report.failed[e.path] = str(exc)
+                return
+            final = self.dest / rel
+            final.parent.mkdir(parents=True, exist_ok=True)
+            if await asyncio.to_thread(local_sha256, final, e.size) == e.sha256:
+                self.report.skipped.append(rel)
+                self.progress.bytes_done += e.size
+            else:
+                try:
+                    ok = await self._copy(e, rel, final)
+                    if not ok:
+                        self.report.refetched.append(rel)
+                        self.progress.bytes_done -= e.size
+                        ok = await self._copy(e, rel, final)
+                    if ok:
+                        self.report.copied.append(rel)
+                    else:
+                        self.report.failed[rel] = "sha256 differs from the manifest twice"
+                except (OSError, asyncssh.Error, PullError) as exc:
+                    self.report.failed[rel] = f"{type(exc).__name__}: {exc}"
+            self.progress.files_done += 1
+            if self.on_progress is not None:
+                self.on_progress(self.progress)
+
+    async def run(self, entries: list[ManifestEntry]) -> PullReport:
+        self.progress.files_total = len(entries)
+        self.progress.bytes_total = sum(e.size for e in entries)
+        self.report.engine = getattr(self.source, "engine", "")
+        limit = asyncio.Semaphore(PARALLEL_FILES)
+        # Big files first, so the long transfers overlap the many small ones.
+        ordered = sorted(entries, key=lambda e: -e.size)
+        if isinstance(self.source, OpensshSource):
+            await self._run_openssh(self.source, ordered, limit)
+        else:
+            await asyncio.gather(*(self._one(e, limit) for e in ordered))
+        return self.report
+
+    # The OpenSSH path: sftp processes write the parts; here they are watched and checked.
+
+    async def _run_openssh(self, source: OpensshSource, entries: list[ManifestEntry],
+                           limit: asyncio.Semaphore) -> None:
+        if opensftp.cd_line(source.node.run_dir) is None:
+            self.report.notes.append("RUN_DIR is too long for an sftp batch line: "
+                                     "pulled over asyncssh")
+            self.report.engine = "asyncssh"
+            await asyncio.gather(*(self._one(e, limit) for e in entries))
+            return
+        batched: list[ManifestEntry] = []
+        apart: list[ManifestEntry] = []
+        for e in entries:
+            (batched if opensftp.batch_line(e.path) is not None else apart).append(e)
+        # Names sftp cannot be given (a newline in them) take the per-file path meanwhile.
+        await asyncio.gather(self._batched(source, batched, limit),
+                             *(self._one(e, limit) for e in apart))
+
+    async def _batched(self, source: OpensshSource, entries: list[ManifestEntry],
+                       limit: asyncio.Semaphore) -> None:
+        todo: list[_Part] = []
+        ready: list[_Part] = []
+
+        async def prepare(e: ManifestEntry) -> None:
+            try:
+                rel = safe_rel(e.path)
+            except PullError as exc:
+                self._settled(e.path, failed=str(exc))
+                return
+            final = self.dest / rel
+            final.parent.mkdir(parents=True, exist_ok=True)
+            async with limit:
+                here = await asyncio.to_thread(local_sha256, final, e.size)
+            if here == e.sha256:
+                self.report.skipped.append(rel)
+                self.progress.bytes_done += e.size
+                self._settled(rel)
+                return
+            part = final.with_name(final.name + PART_SUFFIX)
+            if e.size == 0:
+                part.touch()  # nothing to fetch: the manifest's sha256 is that of no bytes
+            have = _size(part)
+            if have:
+                self.report.resumed[rel] = min(have, e.size)
+                self.progress.bytes_done += min(have, e.size)
+            # A part as long as the file needs no fetch (a pull stopped before its check).
+            (ready if have >= e.size else todo).append(_Part(e, rel, final, part, have))
+
+        await asyncio.gather(*(prepare(e) for e in entries))
+        poller = asyncio.create_task(self._poll(source))
+        try:
+            again = await self._round(source, todo, ready, limit)
+            if again:
+                self.report.refetched += [p.rel for p in again]
+                await self._round(source, again, [], limit)
+        finally:
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+
+    async def _round(self, source: OpensshSource, todo: list[_Part], ready: list[_Part],
+                     limit: asyncio.Semaphore) -> list[_Part]:
+        """One round of sftp processes over `todo`, each file checked as soon as sftp is past
+        it (and the `ready` ones meanwhile); returns the files whose sha256 differed."""
+        mismatched: list[_Part] = []
+        self._parts = {p.rel: p for p in todo}
+        async with asyncio.TaskGroup() as checks:
+            for p in ready:
+                checks.create_task(self._check(p, None, limit, mismatched))
+
+            def done(job: opensftp.Job, said: str | None) -> None:
+                checks.create_task(self._check(self._parts[job.rel], said, limit, mismatched))
+
+            jobs = [opensftp.Job(p.rel, p.entry.size, opensftp.batch_line(p.rel) or b"")
+                    for p in todo]
+            result = await source.fetcher.fetch(jobs, self.dest, self.dest / STATE_DIR, done)
+            unreached = [self._parts[j.rel] for j in result.unreached]
+            if unreached and not result.connected:
+                # No sftp got through while the agent link did (OpenSSH's config, keys or
+                # known_hosts differ from asyncssh's): take the files over asyncssh.
+                self.report.notes.append(f"OpenSSH's sftp could not reach the node "
+                                         f"({result.said}): pulled over asyncssh")
+                self.report.engine = "asyncssh"
+                for p in unreached:
+                    self.progress.bytes_done -= min(p.seen, p.entry.size)
+                    self.report.resumed.pop(p.rel, None)  # _one counts it again
+                    checks.create_task(self._one(p.entry, limit))
+            else:
+                for p in unreached:
+                    self._settled(p.rel, failed=f"not fetched: {result.said}")
+        return mismatched
+
+    async def _check(self, p: _Part, said: str | None, limit: asyncio.Semaphore,
+                     mismatched: list[_Part]) -> None:
+        self._saw(p, _size(p.part))
+        e = p.entry
+        if p.seen < e.size:
+            # Not all here: the part stays, and the next pull resumes from it.
+            self._settled(p.rel, failed=said or f"sftp stopped at {p.seen} of {e.size} bytes")
+            return
+        try:
+            async with limit:
+                ok = await asyncio.to_thread(finish_part, p.part, p.final, e.size, e.sha256)
+        except OSError as exc:
+            self._settled(p.rel, failed=f"{type(exc).__name__}: {exc}")
+            return
+        if ok:
+            self.report.copied.append(p.rel)
+            self._settled(p.rel)
+        elif not p.second:
+            p.second = True
+            p.seen = 0
+            self.progress.bytes_done -= e.size
+            mismatched.append(p)
+        else:
+            self._settled(p.rel, failed="sha256 differs from the manifest twice")
+
+    def _saw(self, p: _Part, size: int) -> None:
+        """Count what has arrived in a part since it was last looked at."""
+        if size > p.seen:
+            self.progress.bytes_done += min(size, p.entry.size) - min(p.seen, p.entry.size)
+            self.progress.bytes_transferred += size - p.seen
+            self.report.bytes_transferred += size - p.seen
+        p.seen = size
+
+    def _settled(self, rel: str, failed: str | None = None) -> None:
+        if failed is not None:
+            self.report.failed[rel] = failed
+        self.progress.files_done += 1
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    async def _poll(self, source: OpensshSource) -> None:
+        """sftp in batch mode says nothing while it copies: look at the parts' sizes."""
+        while True:
+            await asyncio.sleep(PROGRESS_POLL_S)
+            for job in list(source.fetcher.in_flight):
+                p = self._parts.get(job.rel)
+                if p is not None:
+                    self._saw(p, _size(p.part))
+            if self.on_progress is not None:
+                self.on_progress(self.progress)
+
+
+def dest_for(pull_dir: Path, node: Node, run_name: str) -> Path:
+    return pull_dir / node.name / run_name
+
+
+def save_manifest(dest: Path, entries: list[ManifestEntry]) -> None:
+    (dest / STATE_DIR).mkdir(parents=True, exist_ok=True)
+    (dest / STATE_DIR / "manifest.json").write_bytes(msgspec.json.encode(entries))
+
+
+def pull_engine(engine: str | None = None) -> str:
+    """The data path asked for (argument, else FLEETDECK_PULL_ENGINE): "openssh" when OpenSSH's
+    sftp is installed, else "asyncssh"."""
+    choice = (engine or os.environ.get(ENGINE_ENV) or "auto").strip().lower()
+    if choice not in ("auto", "openssh", "asyncssh"):
+        raise PullError(f"{ENGINE_ENV}={choice!r}: expected openssh or asyncssh")
+    if choice == "auto":
+        return "openssh" if opensftp.find_sftp() else "asyncssh"
+    return choice
+
+
+async def open_source(node: Node, conn: asyncssh.SSHClientConnection | None,
+                      engine: str | None = None) -> Source:
+    if node.local:
+        return LocalSource(node.run_dir)
+    if pull_engine(engine) == "openssh":
+        sftp = opensftp.find_sftp()
+        if sftp is None:
+            raise PullError("OpenSSH's sftp client is not installed (PATH); install "
+                            "openssh-client or use FLEETDECK_PULL_ENGINE=asyncssh")
+        return OpensshSource(node, sftp, conn)
+    assert conn is not None
+    return SftpSource(await conn.start_sftp_client(), node.run_dir)

@@ -1,0 +1,265 @@
+"""What each action of the registry does in the TUI: ask (confirm, a value, a choice) when it
+must, call the node, and report the agent's answer or error as a notification. One method per
+action id; they run in workers, so a slow node never blocks the screen."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from agents.rpc.protocol import RpcError
+from agents.rundir.schema import Progress
+from console.actions import BY_ID
+from console.tui.fetched import log_names
+from console.tui.messages import LogFetched, SamplesFetched
+from console.tui.screens.node import GenerateScreen, NodeView
+from console.tui.widgets import figures as f
+from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
+from console.tui.widgets.prompt import ValueAnswer, ValueModal
+
+if TYPE_CHECKING:
+    from console.tui.app import FleetdeckApp
+
+PENDING_S = 5.0  # how long a sent concurrency wins over snapshots that have not caught up
+LOG_LINES = 300
+SAMPLES = 12
+
+
+class Controls:
+    def __init__(self, app: FleetdeckApp) -> None:
+        self.app = app
+        self._pending_concurrency: dict[str, tuple[int, float]] = {}
+
+    async def run(self, action_id: str) -> None:
+        node = self.app.current_node()
+        if node is None:
+            self.app.notify("no node selected", severity="warning")
+            return
+        await getattr(self, action_id)(node)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def progress(self, node: str) -> Progress | None:
+        snap = self.app.state.nodes[node].snapshot
+        return snap.progress if snap is not None else None
+
+    async def confirm(self, question: str, detail: str | None = None) -> bool:
+        answer: bool = await self.app.push_screen_wait(ConfirmModal(question, detail))
+        return answer
+
+    async def call(self, node: str, method: str, params: dict[str, Any] | None = None,
+                   timeout: float = 60.0) -> Any:
+        """The agent's reply, or None after notifying its error."""
+        title = BY_ID[method].title if method in BY_ID else method
+        try:
+            return await self.app.call_node(node, method, params or {}, timeout)
+        except RpcError as exc:
+            self.app.report(node, f"{title} refused: {exc.message}", ok=False)
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            self.app.report(node, f"{title} failed: {exc}", ok=False)
+        return None
+
+    async def simple(self, node: str, method: str, done: str,
+                     params: dict[str, Any] | None = None) -> Any:
+        reply = await self.call(node, method, params)
+        if reply is not None:
+            rev = reply.get("rev") if isinstance(reply, dict) else None
+            self.app.report(node, done + (f" (control rev {rev})" if rev is not None else ""))
+        return reply
+
+    # -- run control ------------------------------------------------------------------------
+
+    async def pause(self, node: str) -> None:
+        await self.simple(node, "pause", "paused: no new requests are sent")
+
+    async def unpause(self, node: str) -> None:
+        await self.simple(node, "unpause", "unpaused: sending again")
+
+    async def resume(self, node: str) -> None:
+        reply = await self.call(node, "resume")
+        if reply is not None:
+            msg = reply.get("message") or reply.get("status") if isinstance(reply, dict) \
+                else reply
+            self.app.report(node, f"resume: {msg}")
+
+    async def launch(self, node: str) -> None:
+        spec = self.app.fleet.node(node).spec
+        snap = self.app.state.nodes[node].snapshot
+        live = snap is not None and snap.status in ("running", "paused", "draining", "starting")
+        detail = (f"A run is live on {node} ({snap.run}, {snap.status}); launch resumes it."
+                  if live and snap is not None else
+                  f"Starts the supervisor, the servers and the job of "
+                  f"{spec or 'the run directory'}.")
+        if not await self.confirm(f"Launch the run on {node}?", detail):
+            return
+        reply = await self.call(node, "launch", {"spec": spec} if spec else {}, timeout=180)
+        if reply is not None:
+            status = reply.get("status", reply) if isinstance(reply, dict) else reply
+            self.app.report(node, f"launch: {status}")
+
+    async def stop(self, node: str) -> None:
+        if not await self.confirm(f"Stop the job on {node}?",
+                                  "The job drains: requests in flight finish, then it stops. "
+                                  "The servers stay up; resume starts it again."):
+            return
+        reply = await self.call(node, "stop", {"servers": False}, timeout=120)
+        if reply is not None:
+            self.app.report(node, f"stop: {reply.get('status', reply)}")
+
+    async def down(self, node: str) -> None:
+        if not await self.confirm(f"Take {node} down?",
+                                  "Stops the job, every SGLang server and the supervisor. "
+                                  "Finished work stays on disk; launch or resume restarts."):
+            return
+        reply = await self.call(node, "down", timeout=120)
+        if reply is not None:
+            self.app.report(node, f"down: {reply.get('status', reply)}")
+
+    async def restart_server(self, node: str) -> None:
+        screen = self.app.screen
+        chosen = screen.selected_server() if isinstance(screen, GenerateScreen) else None
+        if chosen is None:
+            self.app.notify("open the node (enter) and select the server's row first",
+                            severity="warning")
+            return
+        number, gpu = chosen
+        where = f"server {number}" + (f" (GPU {gpu})" if gpu is not None else "")
+        if not await self.confirm(f"Restart {where} on {node}?",
+                                  "Its requests in flight are retried on the other servers."):
+            return
+        reply = await self.call(node, "restart_server", {"server": number}, timeout=120)
+        if reply is not None:
+            self.app.report(node, f"restarting {where}: {reply.get('state', reply)}")
+
+    # -- live settings ----------------------------------------------------------------------
+
+    def concurrency(self, node: str) -> int | None:
+        """The default concurrency: what was just sent, until snapshots show it."""
+        p = self.progress(node)
+        pending = self._pending_concurrency.get(node)
+        if pending is not None:
+            value, at = pending
+            if (p is None or p.concurrency != value) and time.monotonic() - at < PENDING_S:
+                return value
+            del self._pending_concurrency[node]
+        return p.concurrency if p is not None else None
+
+    async def _resize(self, node: str, value: int, server: int | None) -> None:
+        params: dict[str, Any] = {"value": value}
+        if server is not None:
+            params["server"] = server
+        else:
+            self._pending_concurrency[node] = (value, time.monotonic())
+        where = f"server {server}" if server is not None else "every server"
+        reply = await self.simple(node, "resize", f"concurrency {value} on {where}", params)
+        if reply is None:
+            self._pending_concurrency.pop(node, None)
+
+    async def resize(self, node: str) -> None:
+        current = self.concurrency(node)
+        screen = self.app.screen
+        chosen = screen.selected_server() if isinstance(screen, GenerateScreen) else None
+        note = f"now {current if current is not None else f.DASH} requests in flight per server"
+        answer = await self.app.push_screen_wait(ValueModal(
+            f"Concurrency on {node}", note, current, minimum=0,
+            server=chosen[0] if chosen else None))
+        if isinstance(answer, ValueAnswer):
+            await self._resize(node, answer.value, answer.server)
+
+    async def resize_up(self, node: str) -> None:
+        current = self.concurrency(node)
+        if current is None:
+            self.app.notify(f"{node}: no concurrency known yet", severity="warning")
+            return
+        await self._resize(node, current + 1, None)
+
+    async def resize_down(self, node: str) -> None:
+        current = self.concurrency(node)
+        if current is None:
+            self.app.notify(f"{node}: no concurrency known yet", severity="warning")
+            return
+        if current <= 1:
+            self.app.notify(f"{node}: concurrency is {current}; pause to stop sending",
+                            severity="warning")
+            return
+        await self._resize(node, current - 1, None)
+
+    async def max_tokens(self, node: str) -> None:
+        p = self.progress(node)
+        note = None
+        if p is not None:
+            note = (f"now {f.num(p.max_tokens)} · truncated {f.pct(p.truncated, p.completed)} "
+                    f"({f.num(p.truncated)} of {f.num(p.completed)} completions)")
+        answer = await self.app.push_screen_wait(ValueModal(
+            f"Max tokens for new requests on {node}", note,
+            p.max_tokens if p is not None else None, minimum=1))
+        if isinstance(answer, ValueAnswer):
+            await self.simple(node, "max_tokens", f"max_tokens {answer.value} for new requests",
+                              {"value": answer.value})
+
+    async def retry(self, node: str) -> None:
+        p = self.progress(node)
+        detail = (f"failed now {f.num(p.failed)}, truncated {f.num(p.truncated)}"
+                  if p is not None else None)
+        what = await self.app.push_screen_wait(ChoiceModal(
+            f"Retry which indices on {node}?",
+            [("f", "failed", "failed"), ("t", "truncated", "truncated")], detail))
+        if what:
+            await self.simple(node, "retry", f"retry {what}: re-queued", {"what": what})
+
+    # -- looking ----------------------------------------------------------------------------
+
+    async def logs(self, node: str) -> None:
+        screen = await self.app.show_node(node)
+        name = self._log_name(node, screen)
+        reply = await self.call(node, "logs", {"name": name, "n": LOG_LINES})
+        if reply is not None:
+            self.app.post_message(LogFetched(node, name, reply))
+            if isinstance(self.app.screen, NodeView):
+                self.app.screen.show_tab("tab-log")
+
+    def _log_name(self, node: str, screen: NodeView) -> str:
+        snap = self.app.state.nodes[node].snapshot
+        gpus = [s.gpu if s.gpu is not None else s.number for s in snap.servers] if snap else []
+        if isinstance(screen, GenerateScreen) and screen.gpu_table.has_focus:
+            chosen = screen.selected_server()
+            if chosen is not None:
+                return f"sglang_gpu{chosen[1] if chosen[1] is not None else chosen[0]}"
+        role = snap.kind if snap is not None else self.app.fleet.node(node).role
+        names = log_names(role, gpus)
+        shown = self.app.fetched[node].log
+        if shown is not None and shown.name in names and screen.active_tab == "tab-log":
+            return names[(names.index(shown.name) + 1) % len(names)]
+        return names[0]
+
+    async def samples(self, node: str) -> None:
+        snap = self.app.state.nodes[node].snapshot
+        if (snap.kind if snap is not None else self.app.fleet.node(node).role) == "train":
+            self.app.notify(f"{node}: samples are the completions of a generation run",
+                            severity="warning")
+            return
+        await self.app.show_node(node)
+        reply = await self.call(node, "samples", {"n": SAMPLES})
+        if reply is not None:
+            self.app.post_message(SamplesFetched(node, reply))
+            if isinstance(self.app.screen, GenerateScreen):
+                self.app.screen.show_tab("tab-samples")
+
+    # -- artifacts ----------------------------------------------------------------------------
+
+    async def pull(self, node: str) -> None:
+        """Pull into the configured folder, with its progress bar, then the checklist."""
+        await self._decommission_screen(node, pull_first=True)
+
+    async def decommission(self, node: str) -> None:
+        await self._decommission_screen(node, pull_first=False)
+
+    async def _decommission_screen(self, node: str, pull_first: bool) -> None:
+        from console.tui.screens.decommission import DecommissionScreen
+
+        link = self.app.links.get(node)
+        if link is None or self.app.state.nodes[node].link != "connected":
+            what = "Pull" if pull_first else "Decommission check"
+            self.app.report(node, f"{what} failed: not connected", ok=False)
+            return
+        await self.app.push_screen(DecommissionScreen(node, pull_first=pull_first))

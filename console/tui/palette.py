@@ -1,0 +1,41 @@
+"""The command palette's actions, built from the same registry as the key bindings (so
+`--read-only` removes dangerous ones from both), plus the fleetdeck themes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, cast
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from console.actions import visible
+from themes.palette import NAMES
+
+if TYPE_CHECKING:
+    from console.tui.app import FleetdeckApp
+
+
+class ActionCommands(Provider):
+    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
+        app = cast("FleetdeckApp", self.app)
+        out: list[tuple[str, str, Callable[[], object]]] = []
+        for a in visible(app.read_only):
+            help_text = f"{a.description}  [{app.key_for(a.id)}]" + \
+                ("  (asks first)" if a.dangerous else "")
+            out.append((a.title, help_text, partial(app.run_action, f"do('{a.id}')")))
+        for name in NAMES:
+            out.append((f"Theme: {name}", "switch the colour theme",
+                        partial(setattr, app, "theme", name)))
+        return out
+
+    async def discover(self) -> Hits:
+        for title, help_text, run in self._commands():
+            yield DiscoveryHit(title, run, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, run in self._commands():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), run, help=help_text)

@@ -1,0 +1,154 @@
+"""The decommission screen: the gate's checklist item by item (red or green), a progress bar
+for pulling what is missing (bytes, files, rate, ETA), one key to pull, one to check again.
+It shows what console.artifacts.decommission computes; it asks the node nothing itself."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Label, ProgressBar, Static
+
+from agents.rpc.protocol import RpcError
+from console.artifacts.decommission import Checklist, checklist, pull_node
+from console.artifacts.pull import Progress, PullError
+from console.tui.widgets import figures as f
+
+if TYPE_CHECKING:
+    from console.tui.app import FleetdeckApp
+
+
+def _eta(p: Progress) -> str:
+    return f"{p.eta_s:.0f} s" if p.eta_s is not None else "?"
+
+
+class DecommissionScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    DecommissionScreen { align: center middle; }
+    #decommission { width: 100; height: auto; max-height: 90%; border: thick $primary;
+                    background: $surface; padding: 1 2; }
+    #decommission .title { text-style: bold; }
+    #decommission .verdict-ok { color: $success; text-style: bold; }
+    #decommission .verdict-bad { color: $error; text-style: bold; }
+    #decommission .hint { color: $text-muted; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("u", "pull", "Pull what is missing", id="decommission_pull"),
+        Binding("r", "check", "Check again", id="decommission_check"),
+        Binding("escape", "close", "Close", id="decommission_close"),
+    ]
+
+    def __init__(self, node: str, pull_first: bool = False) -> None:
+        super().__init__()
+        self.node = node
+        self.pull_first = pull_first
+        self.result: Checklist | None = None
+        self.busy = False
+
+    @property
+    def fd(self) -> FleetdeckApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="decommission"):
+            yield Label(f"Decommission {self.node}: safe to give the node back?",
+                        classes="title")
+            yield Static("checking...", id="items")
+            yield Label("", id="verdict")
+            yield ProgressBar(total=1, show_eta=False, id="pull-bar")
+            yield Label("", id="pull-label")
+            yield Label("u pull what is missing · r check again · escape close", classes="hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#pull-bar", ProgressBar).display = False
+        if self.pull_first:
+            self.action_pull()
+        else:
+            self.action_check()
+
+    def _link(self) -> Any:
+        link = self.fd.links.get(self.node)
+        if link is None or self.fd.state.nodes[self.node].link != "connected":
+            return None
+        return link
+
+    def _show(self, result: Checklist) -> None:
+        self.result = result
+        lines = []
+        for item in result.items:
+            mark = "✓" if item.ok else "✗"
+            lines.append(f"[{'$success' if item.ok else '$error'}]{mark} {item.name}[/]: "
+                         f"{item.detail}")
+            for m in item.missing[:8]:
+                lines.append(f"      - {m}")
+            if len(item.missing) > 8:
+                lines.append(f"      ... and {len(item.missing) - 8} more")
+        self.query_one("#items", Static).update("\n".join(lines))
+        verdict = self.query_one("#verdict", Label)
+        verdict.update("SAFE to give the node back" if result.ok
+                       else "NOT safe to give the node back")
+        verdict.set_classes("verdict-ok" if result.ok else "verdict-bad")
+
+    def _error(self, text: str) -> None:
+        self.query_one("#items", Static).update(f"[$error]{text}[/]")
+        self.query_one("#verdict", Label).update("")
+
+    @work(exclusive=True, group="decommission", exit_on_error=False)
+    async def action_check(self) -> None:
+        await self._check()
+
+    async def _check(self) -> None:
+        link = self._link()
+        if link is None:
+            self._error(f"{self.node} is not connected")
+            return
+        self.query_one("#items", Static).update("checking...")
+        try:
+            result = await checklist(link, self.fd.fleet.node(self.node), self.fd.fleet.pull_dir)
+        except RpcError as exc:
+            self._error(f"the check was refused: {exc.message}")
+            return
+        except (PullError, ConnectionError, TimeoutError, OSError) as exc:
+            self._error(f"the check failed: {exc}")
+            return
+        self._show(result)
+
+    @work(exclusive=True, group="decommission", exit_on_error=False)
+    async def action_pull(self) -> None:
+        link = self._link()
+        if link is None:
+            self._error(f"{self.node} is not connected")
+            return
+        bar = self.query_one("#pull-bar", ProgressBar)
+        label = self.query_one("#pull-label", Label)
+        bar.display = True
+
+        def progress(p: Progress) -> None:
+            bar.update(total=max(p.bytes_total, 1), progress=p.bytes_done)
+            label.update(f"pull: {p.files_done}/{p.files_total} files, "
+                         f"{f.size(p.bytes_done)} of {f.size(p.bytes_total)}, "
+                         f"{f.size(int(p.rate))}/s, ETA {_eta(p)}")
+
+        label.update(f"pulling into {self.fd.fleet.pull_dir} ...")
+        try:
+            report = await pull_node(link, self.fd.fleet.node(self.node), self.fd.fleet.pull_dir,
+                                     on_progress=progress)
+        except RpcError as exc:
+            label.update(f"pull refused: {exc.message}")
+            return
+        except (PullError, ConnectionError, TimeoutError, OSError) as exc:
+            label.update(f"pull failed: {exc}")
+            return
+        done = (f"pulled: {len(report.copied)} copied, {len(report.skipped)} already here, "
+                f"{f.size(report.bytes_transferred)} transferred")
+        if report.failed:
+            done += f"; {len(report.failed)} failed ({next(iter(report.failed))})"
+        label.update(done)
+        await self._check()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

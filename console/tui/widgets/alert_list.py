@@ -1,0 +1,34 @@
+"""The alerts a node reports now, most severe first, each with how long it has held."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.theme import Theme
+from textual.widgets import Static
+
+from agents.rundir.schema import Alert
+from console.tui.widgets import figures as f
+from console.tui.widgets.tones import style
+
+
+def alert_lines(alerts: list[tuple[str, Alert]], now: float, theme: Theme) -> Text:
+    """(node, alert) pairs; the node name is left out where it is empty."""
+    if not alerts:
+        return Text("no alerts", style="dim")
+    text = Text()
+    order = sorted(alerts, key=lambda na: (na[1].severity != "critical", na[1].since))
+    for i, (node, a) in enumerate(order):
+        if i:
+            text.append("\n")
+        tone = "bad" if a.severity == "critical" else "warn"
+        text.append(f"{a.severity:<8} ", style=style(theme, tone))
+        if node:
+            text.append(f"{node} ", style="bold")
+        text.append(a.message)
+        text.append(f"  ({a.code}, for {f.age(max(0.0, now - a.since))})", style="dim")
+    return text
+
+
+class AlertList(Static):
+    def show(self, alerts: list[tuple[str, Alert]], now: float, theme: Theme) -> None:
+        self.update(alert_lines(alerts, now, theme))

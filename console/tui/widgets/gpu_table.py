@@ -1,0 +1,71 @@
+"""The generation node's per-GPU table: server state, restarts, in-flight / limit, queue,
+req/s, tok/s, accept length, failures, and the GPU's utilisation, memory, temperature and
+power (`–` where NVML is absent: unknown is never drawn as 0)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.theme import Theme
+
+from agents.rundir.schema import ServerStatus, Snapshot
+from console.tui.widgets import figures as f
+from console.tui.widgets.live_table import LiveTable, Row
+from console.tui.widgets.tones import SERVER_TONE, style
+
+GPU_COLUMNS = (("gpu", "GPU", None), ("state", "State", 22), ("restarts", "Restarts", 8),
+               ("in_flight", "In flight", 9), ("queue", "Queue", 5), ("req_s", "req/s", 6),
+               ("tok_s", "tok/s", 6), ("accept", "Accept", 6), ("failed", "Failed", 7),
+               ("util", "Util", 5), ("mem", "Memory", 14), ("temp", "Temp", 5),
+               ("power", "Power", 6))
+METRICS_STALE_S = 15.0
+
+
+def accept_length(s: ServerStatus) -> float | None:
+    for v in (s.accept_length, s.accept_length_window, s.accept_length_cum,
+              s.accept_length_log):
+        if v is not None:
+            return v
+    return None
+
+
+def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool) -> Row:
+    dim = style(theme, "muted") if stale else ""
+    label = f"{s.gpu}" if s.gpu is not None else f"#{s.number}"
+    state: str = s.state
+    tone: str | None = SERVER_TONE.get(s.state)
+    if s.metrics_at is not None and at - s.metrics_at > METRICS_STALE_S:
+        state += f" ({f.age(at - s.metrics_at)} old)"  # its metrics: not refreshed
+        tone = "warn"
+    g = s.gpu_stats
+    util = mem = temp = power = f.DASH
+    if g is not None:
+        util = f"{g.util_pct:.0f}%" if g.util_pct is not None else f.DASH
+        if g.mem_used_mib is not None:
+            total = f"/{g.mem_total_mib / 1024:.0f}" if g.mem_total_mib is not None else ""
+            mem = f"{g.mem_used_mib / 1024:.1f}{total} GiB"
+        temp = f"{g.temp_c:.0f}°C" if g.temp_c is not None else f.DASH
+        power = f"{g.power_w:.0f} W" if g.power_w is not None else f.DASH
+    acc = accept_length(s)
+    restarts = Text(str(s.restarts), style=dim or (style(theme, "warn") if s.restarts else ""))
+    failed = Text(f.num(s.failed), style=dim or (style(theme, "warn") if s.failed else ""))
+    cells = (f"{s.in_flight}/{s.limit}", f.num(s.queued_reqs), f.num(s.req_per_s, 2),
+             f.si(s.tok_per_s), f"{acc:.2f}" if acc is not None else f.DASH)
+    return (Text(label, style="bold"), Text(state, style=dim or style(theme, tone)), restarts,
+            *(Text(c, style=dim) for c in cells), failed,
+            *(Text(c, style=dim) for c in (util, mem, temp, power)))
+
+
+class GpuTable(LiveTable):
+    COLUMNS = GPU_COLUMNS
+
+    def show(self, snap: Snapshot | None, theme: Theme, stale: bool) -> None:
+        if snap is None:
+            self.sync({})
+            return
+        self.sync({str(s.number): gpu_row(s, snap.updated_at, theme, stale)
+                   for s in snap.servers})
+
+    @property
+    def selected_server(self) -> int | None:
+        key = self.selected_key
+        return int(key) if key is not None else None

@@ -1,0 +1,147 @@
+"""The generation run panel: progress bar, rate and ETA, tokens, average output, truncation,
+empty and failure rates with the latest errors, S3 uploaded / pending, free disk, and the
+live controls (max_tokens, concurrency, paused)."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.theme import Theme
+from textual.widgets import ProgressBar, Static
+
+from agents.rundir.schema import Snapshot
+from console.tui.widgets import figures as f
+from console.tui.widgets.tones import RUN_TONE, style, toned
+
+PROGRESS_STALE_S = 10.0
+
+
+def latest_errors(snap: Snapshot, n: int = 3) -> list[str]:
+    out = []
+    for s in snap.servers:
+        if s.last_error:
+            where = f"GPU {s.gpu}" if s.gpu is not None else f"server {s.number}"
+            out.append(f"{where}: {s.last_error}")
+    return out[:n]
+
+
+def run_grid(snap: Snapshot, theme: Theme, stale: bool) -> RenderableType:
+    p = snap.progress
+    dim = style(theme, "muted") if stale else ""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(ratio=1)
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(ratio=1)
+    if p is None:
+        grid.add_row("Progress", Text("no progress.json yet", style="dim"), "", "")
+        return grid
+    tok_s = sum(s.tok_per_s for s in snap.servers) if snap.servers else None
+    done = p.completed + p.failed
+    fail_tone = "bad" if p.failed and p.failed / max(1, done) > 0.01 else None
+    grid.add_row("Rate", Text(f"{f.rate(p.rate_per_sec, ' req/s', 2)} · "
+                              f"{f.rate(tok_s, ' tok/s')}", style=dim),
+                 "ETA", Text(f"{f.hours(p.eta_hours)} (elapsed {f.hours(p.elapsed_hours)})",
+                             style=dim))
+    grid.add_row("Tokens", Text(f"in {f.si(p.total_input_tokens)} · out "
+                                f"{f.si(p.total_output_tokens, 2)}", style=dim),
+                 "Avg output", Text(f"{f.num(p.avg_output_tokens)} tokens", style=dim))
+    trunc_tone = "warn" if p.completed and p.truncated / p.completed > 0.1 else None
+    empty_tone = "bad" if p.completed and p.empty / p.completed > 0.05 else None
+    grid.add_row("Truncated", Text(f"{f.pct(p.truncated, p.completed)} "
+                                   f"({f.num(p.truncated)})",
+                                   style=dim or style(theme, trunc_tone)),
+                 "Empty", Text(f"{f.pct(p.empty, p.completed)} ({f.num(p.empty)})",
+                               style=dim or style(theme, empty_tone)))
+    grid.add_row("Failed", Text(f"{f.pct(p.failed, done, 2)} ({f.num(p.failed)}) · "
+                                f"retried {f.num(p.retried)}",
+                                style=dim or style(theme, fail_tone)),
+                 "In flight", Text(f"{f.num(p.in_flight)}", style=dim))
+    s3 = Text(f"{f.num(p.s3_uploaded)} uploaded ({f.size(p.s3_bytes)}) · "
+              f"{f.num(p.s3_pending)} pending", style=dim)
+    if p.s3_error:
+        s3.append(f"  {p.s3_error}", style=style(theme, "bad"))
+    disk = Text(f.DASH)
+    if snap.disk is not None:
+        d = snap.disk
+        full = f" · full in {f.hours(d.hours_to_full)}" if d.hours_to_full is not None else ""
+        low = d.total_bytes and d.free_bytes / d.total_bytes < 0.05
+        disk = Text(f"{f.size(d.free_bytes)} free of {f.size(d.total_bytes)}{full}",
+                    style=dim or style(theme, "bad" if low else None))
+    grid.add_row("S3", s3, "Disk", disk)
+    controls = Text(f"max_tokens {f.num(p.max_tokens)} · concurrency {p.concurrency}"
+                    f" · rev {p.control_rev}", style=dim)
+    if p.paused:
+        controls.append("  PAUSED", style=style(theme, "warn") + " bold")
+    grid.add_row("Control", controls, "Batches", Text(f"{f.num(p.batches_closed)} closed",
+                                                      style=dim))
+    return grid
+
+
+def error_lines(snap: Snapshot, theme: Theme) -> Text | None:
+    errors = latest_errors(snap)
+    if not errors:
+        return None
+    text = Text()
+    for i, err in enumerate(errors):
+        text.append("\n" if i else "")
+        text.append("Errors    " if i == 0 else "          ", style="bold")
+        text.append(err, style=style(theme, "bad"))
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
+def headline(snap: Snapshot, theme: Theme, age: float | None, link: str) -> Text:
+    text = Text()
+    text.append(f"{snap.run}  ", style="bold")
+    text.append(snap.status, style=style(theme, RUN_TONE.get(snap.status)))
+    if snap.source == "disk":
+        text.append("  (from the run directory: no supervisor)", style=style(theme, "warn"))
+    p = snap.progress
+    if p is not None:
+        text.append(f"   {f.num(p.completed)} / {f.num(p.total)} "
+                    f"({f.pct(p.completed, p.total)})")
+    if snap.progress_age_s is not None and snap.progress_age_s > PROGRESS_STALE_S:
+        text.append(f"   progress.json {f.age(snap.progress_age_s)} old",
+                    style=style(theme, "warn"))
+    if link != "connected":
+        text.append(f"   {link}", style=style(theme, "bad"))
+    if age is not None and (link != "connected" or age > 5):
+        text.append(f"   figures {f.age(age)} old", style=style(theme, "warn"))
+    return text
+
+
+class RunPanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield Static(id="run-headline")
+        yield ProgressBar(total=None, show_eta=False, id="run-progress")
+        yield Static(id="run-grid")
+
+    def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: str,
+             error: str | None) -> None:
+        head = self.query_one("#run-headline", Static)
+        grid = self.query_one("#run-grid", Static)
+        bar = self.query_one("#run-progress", ProgressBar)
+        if snap is None:
+            head.update(toned(f"{link}" + (f": {error}" if error else ""), theme,
+                              "warn" if link in ("connecting", "reconnecting") else "bad"))
+            grid.update("")
+            return
+        stale = link != "connected" or age is None or age > 5
+        head.update(headline(snap, theme, age, link))
+        p = snap.progress
+        if p is not None and p.total:
+            bar.update(total=p.total, progress=p.completed)
+        body: list[RenderableType] = [run_grid(snap, theme, stale)]
+        errors = error_lines(snap, theme)
+        if errors is not None:
+            body.append(errors)
+        if snap.message:
+            body.append(Text(snap.message, style=style(theme, "warn")))
+        if error and link != "connected":
+            body.append(Text(error, style=style(theme, "bad")))
+        grid.update(Group(*body))
