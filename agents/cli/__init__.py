@@ -16,13 +16,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fleetdeck-agent {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from agents.cli import engineverbs as engine_cli
-    from agents.cli import runverbs as runcli
+    from agents.cli import control, generate, inspect, lifecycle, serve
     from agents.sim import cli as sim_cli
 
     sim_cli.add_parser(sub)
-    engine_cli.add_parsers(sub)
-    runcli.add_parsers(sub)
+    for verbs in (generate, control, inspect, lifecycle, serve):
+        verbs.add_parsers(sub)
     return parser
 
 

@@ -1,6 +1,5 @@
-"""Headless verbs for supervised runs: `up`, `stop`, `down`, `resume`, `restart-server`,
-`logs`, `samples`, `manifest`, `verify`, and `serve --stdio` for the console. Each maps one
-to one onto an RPC."""
+"""Verbs that look at a run and change nothing: `status`, `logs`, `samples`, `manifest` and
+`verify`."""
 
 from __future__ import annotations
 
@@ -8,43 +7,22 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from agents.cli.exits import EXIT_CHECK, EXIT_OK, EXIT_USAGE, usage_error
 from agents.rpc.protocol import RpcError
-from agents.rundir.spec import SpecError, load_spec
-from agents.supervise.launch import RunCtlError, call, connect, resume, up
-
-EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+from agents.supervise.launch import connect
 
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("up", help="start a run: supervisor, servers and job, detached")
-    p.add_argument("spec", type=Path, metavar="RUN.toml")
-    p.set_defaults(handler=cmd_up)
-
-    p = sub.add_parser("stop", help="drain and stop the job (servers stay up)")
+    p = sub.add_parser("status", help="the run's progress, from its run directory")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--servers", action="store_true", help="stop the servers too")
-    p.add_argument("--yes", action="store_true", help="confirm (a dangerous action)")
-    p.set_defaults(handler=cmd_stop)
-
-    p = sub.add_parser("down", help="stop the job, the servers and the supervisor")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--yes", action="store_true", help="confirm (a dangerous action)")
-    p.set_defaults(handler=cmd_down)
-
-    p = sub.add_parser("resume", help="continue a run; starts a supervisor if none runs")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.set_defaults(handler=cmd_resume)
-
-    p = sub.add_parser("restart-server", help="restart one server")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("server", type=int, metavar="N")
-    p.add_argument("--yes", action="store_true", help="confirm (a dangerous action)")
-    p.set_defaults(handler=cmd_restart_server)
+    p.add_argument("--json", action="store_true", help="the snapshot as JSON on stdout")
+    p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("logs", help="the tail of a log (generate, supervisor, sglang_gpuN)")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -70,74 +48,51 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_verify)
 
-    p = sub.add_parser("serve", help="relay RPC for a console over this process's stdio")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--stdio", action="store_true", required=True)
-    p.set_defaults(handler=cmd_serve)
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """The snapshot from the live supervisor, or from the run directory when none runs."""
+    from agents.rundir.schema import encoder, snapshot_decoder
+    from agents.rundir.spec import SpecError, load_run_spec
+    from agents.supervise.snapshot import from_disk
 
-def _err(verb: str, exc: Exception) -> int:
-    print(f"fleetdeck-agent {verb}: {exc}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _needs_yes(args: argparse.Namespace, verb: str) -> bool:
-    if not args.yes:
-        print(f"fleetdeck-agent {verb}: a dangerous action; add --yes to confirm",
-              file=sys.stderr)
-        return False
-    return True
-
-
-def cmd_up(args: argparse.Namespace) -> int:
-    try:
-        spec = load_spec(args.spec)
-        result = asyncio.run(up(spec))
-    except (SpecError, RunCtlError, ValueError) as exc:
-        return _err("up", exc)
-    print(json.dumps(result))
-    return EXIT_OK
-
-
-def _rpc(verb: str, run_dir: Path, method: str, params: dict[str, Any]) -> int:
-    try:
-        result = asyncio.run(call(run_dir.resolve(), method, params))
-    except RunCtlError as exc:
-        return _err(verb, exc)
-    except RpcError as exc:
-        print(f"fleetdeck-agent {verb}: {exc.message}", file=sys.stderr)
-        return EXIT_CHECK
-    print(json.dumps(result))
-    return EXIT_OK
-
-
-def cmd_stop(args: argparse.Namespace) -> int:
-    if not _needs_yes(args, "stop"):
+    run_dir = args.run_dir.resolve()
+    if not (run_dir / "run.toml").exists() and not (run_dir / "progress.json").exists():
+        print(f"fleetdeck-agent status: {run_dir}: not a run directory", file=sys.stderr)
         return EXIT_USAGE
-    return _rpc("stop", args.run_dir, "stop", {"servers": args.servers})
-
-
-def cmd_down(args: argparse.Namespace) -> int:
-    if not _needs_yes(args, "down"):
-        return EXIT_USAGE
-    return _rpc("down", args.run_dir, "down", {})
-
-
-def cmd_restart_server(args: argparse.Namespace) -> int:
-    if not _needs_yes(args, "restart-server"):
-        return EXIT_USAGE
-    return _rpc("restart-server", args.run_dir, "restart_server", {"server": args.server})
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    try:
-        result = asyncio.run(resume(args.run_dir.resolve()))
-    except RunCtlError as exc:
-        return _err("resume", exc)
-    except RpcError as exc:
-        print(f"fleetdeck-agent resume: {exc.message}", file=sys.stderr)
-        return EXIT_CHECK
-    print(json.dumps(result))
+    raw = supervised_status(run_dir)
+    if raw is None:
+        try:
+            spec = load_run_spec(run_dir)
+            kind, name = spec.run.kind, spec.run.name
+        except SpecError:
+            kind, name = "generate", ""
+        raw = encoder.encode(from_disk(run_dir, kind, name))
+    if args.json:
+        sys.stdout.write(raw.decode() + "\n")
+        return EXIT_OK
+    snap = snapshot_decoder.decode(raw)
+    print(f"{snap.run}: {snap.status} ({snap.source}; {snap.host}:{snap.run_dir})")
+    p = snap.progress
+    if p is not None:
+        age = time.time() - p.updated_at
+        eta = f"{p.eta_hours:.2f} h" if p.eta_hours is not None else "unknown"
+        print(f"  {p.completed}/{p.total} done, {p.failed} failed, {p.rate_per_sec:.2f}/s, "
+              f"ETA {eta}  (progress {age:.0f} s old)")
+        print(f"  tokens out {p.total_output_tokens} (avg {p.avg_output_tokens}), truncated "
+              f"{p.truncated}, empty {p.empty}, max_tokens {p.max_tokens}, control rev "
+              f"{p.control_rev}")
+        print(f"  S3 {p.s3_uploaded} uploaded ({p.s3_bytes} bytes), {p.s3_pending} pending"
+              + (f" - {p.s3_error}" if p.s3_error else ""))
+    for s in snap.servers:
+        acc = f"{s.accept_length:.2f}" if s.accept_length is not None else "-"
+        print(f"  server {s.number} {s.state:10} {s.in_flight}/{s.limit} in flight, "
+              f"{s.completed} done, {s.failed} failed, {s.req_per_s:.2f} req/s, "
+              f"{s.tok_per_s:.0f} tok/s, accept {acc}, restarts {s.restarts}")
+    for a in snap.alerts:
+        since = time.strftime("%H:%M:%S", time.localtime(a.since))
+        print(f"  ALERT {a.severity}: {a.message} (since {since})")
+    if snap.message:
+        print(f"  note: {snap.message}")
     return EXIT_OK
 
 
@@ -181,11 +136,11 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     from agents.rundir.browse import OutsideRunDir
 
     if not args.run_dir.is_dir():
-        return _err("manifest", ValueError(f"{args.run_dir}: no such directory"))
+        return usage_error("manifest", ValueError(f"{args.run_dir}: no such directory"))
     try:
         entries = Manifest(args.run_dir.resolve()).entries(args.prefix)
     except OutsideRunDir as exc:
-        return _err("manifest", exc)
+        return usage_error("manifest", exc)
     if args.json:
         sys.stdout.buffer.write(msgspec.json.encode({"entries": entries, "total": len(entries)})
                                 + b"\n")
@@ -204,7 +159,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         report = verify_run(args.run_dir.resolve())
     except VerifyError as exc:
-        return _err("verify", exc)
+        return usage_error("verify", exc)
     if args.json:
         sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
     else:
@@ -227,12 +182,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_CHECK
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from agents.rpc.serve import serve_stdio
-
-    return asyncio.run(serve_stdio(args.run_dir))
-
-
 def supervised_status(run_dir: Path) -> bytes | None:
     """The live snapshot from the supervisor, or None when none runs."""
 
@@ -247,5 +196,3 @@ def supervised_status(run_dir: Path) -> bytes | None:
 
     result = asyncio.run(ask())
     return msgspec.json.encode(result) if result is not None else None
-
-

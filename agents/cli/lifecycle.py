@@ -1,0 +1,95 @@
+"""Verbs that start and stop a supervised run: `up`, `stop`, `down`, `resume` and
+`restart-server`. Each maps one to one onto an RPC to the run's supervisor."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from agents.cli.exits import EXIT_CHECK, EXIT_OK, EXIT_USAGE, needs_yes, usage_error
+from agents.rpc.protocol import RpcError
+from agents.rundir.spec import SpecError, load_spec
+from agents.supervise.launch import RunCtlError, call, resume, up
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("up", help="start a run: supervisor, servers and job, detached")
+    p.add_argument("spec", type=Path, metavar="RUN.toml")
+    p.set_defaults(handler=cmd_up)
+
+    p = sub.add_parser("stop", help="drain and stop the job (servers stay up)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--servers", action="store_true", help="stop the servers too")
+    p.add_argument("--yes", action="store_true", help="confirm (a dangerous action)")
+    p.set_defaults(handler=cmd_stop)
+
+    p = sub.add_parser("down", help="stop the job, the servers and the supervisor")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--yes", action="store_true", help="confirm (a dangerous action)")
+    p.set_defaults(handler=cmd_down)
+
+    p = sub.add_parser("resume", help="continue a run; starts a supervisor if none runs")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("restart-server", help="restart one server")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("server", type=int, metavar="N")
+    p.add_argument("--yes", action="store_true", help="confirm (a dangerous action)")
+    p.set_defaults(handler=cmd_restart_server)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        spec = load_spec(args.spec)
+        result = asyncio.run(up(spec))
+    except (SpecError, RunCtlError, ValueError) as exc:
+        return usage_error("up", exc)
+    print(json.dumps(result))
+    return EXIT_OK
+
+
+def _rpc(verb: str, run_dir: Path, method: str, params: dict[str, Any]) -> int:
+    try:
+        result = asyncio.run(call(run_dir.resolve(), method, params))
+    except RunCtlError as exc:
+        return usage_error(verb, exc)
+    except RpcError as exc:
+        print(f"fleetdeck-agent {verb}: {exc.message}", file=sys.stderr)
+        return EXIT_CHECK
+    print(json.dumps(result))
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    if not needs_yes(args, "stop"):
+        return EXIT_USAGE
+    return _rpc("stop", args.run_dir, "stop", {"servers": args.servers})
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    if not needs_yes(args, "down"):
+        return EXIT_USAGE
+    return _rpc("down", args.run_dir, "down", {})
+
+
+def cmd_restart_server(args: argparse.Namespace) -> int:
+    if not needs_yes(args, "restart-server"):
+        return EXIT_USAGE
+    return _rpc("restart-server", args.run_dir, "restart_server", {"server": args.server})
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    try:
+        result = asyncio.run(resume(args.run_dir.resolve()))
+    except RunCtlError as exc:
+        return usage_error("resume", exc)
+    except RpcError as exc:
+        print(f"fleetdeck-agent resume: {exc.message}", file=sys.stderr)
+        return EXIT_CHECK
+    print(json.dumps(result))
+    return EXIT_OK
