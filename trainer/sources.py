@@ -8,7 +8,6 @@ number, never raised.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,11 @@ from typing import Any
 
 import msgspec
 
+from agents.rundir.batchnames import is_closed_batch
 from agents.rundir.schema import BatchLine, batch_line_decoder, line_key_decoder
 
 # Closed batches only (the engine's names): an open `.partial` batch may end in a torn line
 # and is still growing, and the run directory's other JSONL files are not completions.
-BATCH_FILE = re.compile(r"^completions_\d+\.jsonl$")
 
 
 class SourceError(ValueError):
@@ -81,7 +80,7 @@ def fetch_s3(url: str, cache: Path, endpoint_url: str | None = None,
                 # Batches sit right under the prefix (the engine's key is prefix + name);
                 # "runs/gen10/..." is not under "runs/gen1".
                 name = key[len(prefix):].lstrip("/")
-                if "/" in name or not BATCH_FILE.search(name):
+                if "/" in name or not is_closed_batch(name):
                     continue
                 local = cache / name
                 stamp = f"{obj['Size']}:{obj.get('ETag', '')}"
@@ -102,7 +101,7 @@ def fetch_s3(url: str, cache: Path, endpoint_url: str | None = None,
 def batch_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
         raise SourceError(f"{folder}: no such folder")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and BATCH_FILE.search(p.name))
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and is_closed_batch(p.name))
     if not files:
         raise SourceError(f"{folder}: no completion batches (completions_*.jsonl)")
     return files

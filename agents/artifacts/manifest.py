@@ -17,8 +17,8 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 
-from agents.engine.store import BATCH_RE
 from agents.rundir.atomic import atomic_write
+from agents.rundir.batchnames import parse_batch_name
 from agents.rundir.browse import OutsideRunDir
 from agents.rundir.schema import (
     ArtifactKind,
@@ -49,9 +49,9 @@ def skipped(name: str) -> bool:
 def kind_of(rel: str, checkpoint_dir: str | None) -> ArtifactKind:
     parts = rel.split("/")
     if parts[0] == "completions" and len(parts) == 2:
-        m = BATCH_RE.match(parts[1])
-        if m:
-            return "open_batch" if m.group(2) else "batch"
+        b = parse_batch_name(parts[1])
+        if b is not None:
+            return "open_batch" if b.open else "batch"
         return "state" if parts[1] == ".done_indices" else "other"
     if parts[0] == "logs":
         return "log"

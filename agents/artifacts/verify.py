@@ -21,8 +21,9 @@ from typing import Any
 
 import msgspec
 
-from agents.engine.store import BATCH_RE, parse_done_line
+from agents.engine.store import parse_done_line
 from agents.engine.uploader import make_s3_client
+from agents.rundir.batchnames import PARTIAL, batch_files
 from agents.rundir.batchscan import BatchScan, KeySet, ranges_text, scan_batch, spans
 from agents.rundir.schema import (
     UploadRecord,
@@ -189,11 +190,10 @@ class Verifier:
             self.s3_error = f"s3://{spec.bucket}/{spec.prefix}: {exc}"
 
     def scan(self, check: Check) -> None:
-        for path in sorted(self.comp.glob("completions_*")):
-            m = BATCH_RE.match(path.name)
-            if not m or not path.is_file():
+        for path in batch_files(self.comp):
+            if not path.is_file():
                 continue
-            is_open = bool(m.group(2))
+            is_open = path.name.endswith(PARTIAL)
             sizes = self.part_sizes.get(path.name, [])
             try:
                 scan = scan_batch(path, self.lines, sizes, open_batch=is_open)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +17,9 @@ import msgspec
 
 from agents.engine.doneset import DoneSet
 from agents.rundir.atomic import cut_torn_tail, fsync_dir
+from agents.rundir.batchnames import batch_name, parse_batch_name
 from agents.rundir.crashpoint import crash_point, fail_point
 from agents.rundir.schema import line_key_decoder
-
-BATCH_RE = re.compile(r"^completions_(\d{6,})\.jsonl(\.partial)?$")
 
 
 def parse_done_line(raw: bytes) -> tuple[int, int] | None:
@@ -33,10 +31,6 @@ def parse_done_line(raw: bytes) -> tuple[int, int] | None:
     if len(parts) > 2:
         raise ValueError("more than two fields")
     return int(parts[0]), int(parts[1]) if len(parts) > 1 else 1
-
-
-def batch_name(number: int) -> str:
-    return f"completions_{number:06d}.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +91,12 @@ class BatchStore:
         partials: list[tuple[int, Path]] = []
         highest = -1
         for entry in os.scandir(self.folder):
-            m = BATCH_RE.match(entry.name)
-            if not m:
+            b = parse_batch_name(entry.name)
+            if b is None:
                 continue
-            number = int(m.group(1))
+            number = b.number
             highest = max(highest, number)
-            if m.group(2):
+            if b.open:
                 partials.append((number, Path(entry.path)))
             else:
                 rec.closed_batches.append(Path(entry.path))
@@ -149,7 +143,7 @@ class BatchStore:
 
     def _ensure_open(self) -> None:
         if self._fd < 0:
-            self._open(self.folder / (batch_name(self._number) + ".partial"))
+            self._open(self.folder / batch_name(self._number, open=True))
             self._lines = 0
             self._size = 0
             self._hash = hashlib.sha256()

@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from agents.rundir.batchnames import batch_files
+
 MAX_TAIL_BYTES = 4 * 1024 * 1024
 
 
@@ -104,7 +106,7 @@ def recent_samples(run_dir: Path, n: int = 10) -> list[dict[str, Any]]:
     comp = run_dir / "completions"
     if not comp.is_dir():
         return []
-    files = sorted(comp.glob("completions_*.jsonl*"), key=lambda p: p.name, reverse=True)
+    files = batch_files(comp)[::-1]
     out: list[dict[str, Any]] = []
     for path in files:
         if len(out) >= n:
