@@ -1,47 +1,10 @@
-"""The SGLang simulator's log lines on stdout, in SGLang's format: `log()` and the periodic
-prefill and decode batch lines that log parsers read."""
+"""The SGLang simulator's log lines on stdout, in SGLang's format: `[time{ DPn}{ TPn}] message`."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from agents.sim.model import SimModel
-    from agents.sim.settings import SimSettings
 
 
 def log(message: str, tags: str = "") -> None:
     """One SGLang-format line: `[YYYY-MM-DD HH:MM:SS{ DPn}{ TPn}] message`, flushed."""
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}{tags}] {message}", flush=True)
-
-
-async def decode_log(model: SimModel, settings: SimSettings) -> None:
-    """Every decode-log interval, close the model's window and log what it saw."""
-    cfg = model.cfg
-    interval = max(0.02, cfg.wall(settings.decode_log_interval_s))
-    tags = settings.scheduler_tags
-    while True:
-        await asyncio.sleep(interval)
-        w = model.take_window()
-        if w.new_seqs:  # one line sums the window's prefills (SGLang logs each batch)
-            log(f"Prefill batch, #new-seq: {w.new_seqs}, #new-token: {w.new_tokens}, "
-                f"#cached-token: {w.cached_tokens}, token usage: {w.token_usage:.2f}, "
-                f"#running-req: {w.running}, #queue-req: {w.queued}, #pending-token: 0, "
-                f"cuda graph: False, input throughput (token/s): {w.input_throughput:.2f}",
-                tags)
-        if not w.tokens:
-            continue
-        if settings.hybrid_log:
-            mamba_size = 3 * cfg.max_running_requests
-            tokens = (f"#full token: {w.used_tokens}, full token usage: "
-                      f"{w.token_usage:.2f}, mamba num: {w.running}, mamba usage: "
-                      f"{w.running / mamba_size:.2f}")
-        else:
-            tokens = f"#token: {w.used_tokens}, token usage: {w.token_usage:.2f}"
-        spec = (f"accept len: {w.accept_length:.2f}, accept rate: {w.accept_rate:.2f}, "
-                if cfg.spec else "")
-        log(f"Decode batch, #running-req: {w.running}, {tokens}, {spec}cuda graph: True, "
-            f"gen throughput (token/s): {w.gen_throughput:.2f}, #queue-req: {w.queued}",
-            tags)

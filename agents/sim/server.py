@@ -15,8 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from agents.sim import exposition
+from agents.sim.batchlog import decode_log
 from agents.sim.faults import crash
-from agents.sim.logs import decode_log, log
+from agents.sim.logs import log
 from agents.sim.model import SimModel
 from agents.sim.responses import WEIGHT_VERSION, Generation, json_response, read_json
 from agents.sim.settings import SimSettings
