@@ -19,7 +19,8 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from agents.engine.run import EngineError, run_engine
+    from agents.engine import EngineError
+    from agents.engine.run import run_engine
     from agents.engine.store import StoreError
     from agents.engine.uploader import S3Unavailable
     from agents.rundir.spec import SpecError, load_spec

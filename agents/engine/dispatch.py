@@ -36,6 +36,16 @@ class Server:
     def room(self) -> int:
         return self.limit - self.in_flight
 
+    def count_completion(self, completion_tokens: int, spec_verify_ct: int | None) -> None:
+        """One answer: the request and token rates, and the accept length's two sums."""
+        self.completed += 1
+        self.req_rate.add()
+        self.tok_rate.add(completion_tokens)
+        self.output_tokens += completion_tokens
+        if spec_verify_ct:
+            self.verify_ct += spec_verify_ct
+            self.spec_tokens += completion_tokens
+
     @property
     def accept_length(self) -> float | None:
         return self.spec_tokens / self.verify_ct if self.verify_ct else None
@@ -113,15 +123,6 @@ class Dispatcher:
             server.down_since = time.time()
             return True
         return False
-
-    async def set_limits(self, limits: dict[int, int]) -> None:
-        for s in self.servers:
-            s.limit = limits.get(s.number, s.limit)
-        await self.notify()
-
-    async def set_paused(self, paused: bool) -> None:
-        self.paused = paused
-        await self.notify()
 
     async def close(self) -> None:
         self.closed = True

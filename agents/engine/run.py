@@ -14,16 +14,19 @@ from typing import Any
 
 import msgspec
 
+from agents.engine import EngineError
 from agents.engine import prompts as prompt_io
 from agents.engine.accounting import Meter, Totals, server_progress
 from agents.engine.client import RequestFailed, build_request, chat, make_client
 from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.journal import Journal, failed, requeued, retry_applied
+from agents.engine.pin import check_pin
+from agents.engine.retries import find_truncated
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
 from agents.rundir.atomic import atomic_write
 from agents.rundir.control import ControlError, ensure_control, read_control
-from agents.rundir.schema import BatchLine, Control, Progress, RunPin, Usage, encoder, pin_decoder
+from agents.rundir.schema import BatchLine, Control, Progress, Usage, encoder
 from agents.rundir.spec import GenerateSection, RunSpec, SpecError, keep_copy
 
 log = logging.getLogger("fleetdeck.engine")
@@ -33,56 +36,11 @@ HISTORY_INTERVAL_S = 10.0
 CONTROL_POLL_S = 0.25
 
 
-class EngineError(RuntimeError):
-    """Refusal to start: the message names what and where."""
-
-
 class _LineFields(msgspec.Struct):
     index: int
     finish_reason: str
     max_tokens: int = 0
     attempt: int = 1
-
-
-def check_pin(spec: RunSpec, run_dir: Path) -> RunPin:
-    """First launch pins what the indices mean; a resume against anything else is refused."""
-    gen = spec.generate
-    assert gen is not None
-    path = run_dir / "run.pin.json"
-    prompts = spec.prompts_path
-    st = prompts.stat()
-    if path.exists():
-        pin = pin_decoder.decode(path.read_bytes())
-        # Same size and mtime: the file is the pinned one (no 3 GB re-hash at every resume).
-        unchanged = st.st_size == pin.prompts_size and st.st_mtime_ns == pin.prompts_mtime_ns
-        if not unchanged and (st.st_size != pin.prompts_size or not _same_hash(prompts, pin)):
-            raise EngineError(
-                f"{prompts}: the prompts file changed since this run was pinned "
-                f"({path}: {pin.prompts_lines} lines, sha256 {pin.prompts_sha256[:12]}...). "
-                "Indices would point at other prompts: restore the file or use a new run dir."
-            )
-        for key, now, then in (
-            ("[generate] model", spec.model_name, pin.model),
-            ("[generate] sampling", gen.sampling, pin.sampling),
-            ("[generate] chat_template_kwargs", gen.chat_template_kwargs,
-             pin.chat_template_kwargs),
-        ):
-            if now != then:
-                raise EngineError(f"{spec.source}: {key} is {now!r} but the run was pinned with "
-                                  f"{then!r} ({path}); a resume may not change it")
-        return pin
-    sha, lines, size = prompt_io.scan(prompts)
-    pin = RunPin(prompts_path=str(prompts), prompts_sha256=sha, prompts_lines=lines,
-                 prompts_size=size, prompts_mtime_ns=st.st_mtime_ns, model=spec.model_name,
-                 sampling=gen.sampling, chat_template_kwargs=gen.chat_template_kwargs,
-                 created_at=time.time())
-    atomic_write(path, encoder.encode(pin))
-    return pin
-
-
-def _same_hash(prompts: Path, pin: RunPin) -> bool:
-    sha, _, _ = prompt_io.scan(prompts)
-    return sha == pin.prompts_sha256
 
 
 class Engine:
@@ -335,13 +293,7 @@ class Engine:
                     server = await self.dispatcher.acquire(avoid=server.number, retry=True)
                     continue
                 self.dispatcher.record_success(server)
-                server.completed += 1
-                server.req_rate.add()
-                server.tok_rate.add(result.completion_tokens)
-                server.output_tokens += result.completion_tokens
-                if result.spec_verify_ct:
-                    server.verify_ct += result.spec_verify_ct
-                    server.spec_tokens += result.completion_tokens
+                server.count_completion(result.completion_tokens, result.spec_verify_ct)
                 await self.dispatcher.release(server)
                 line = BatchLine(
                     index=prompt.index, id=prompt.id, messages=prompt.messages, tools=prompt.tools,
@@ -523,7 +475,8 @@ class Engine:
         self._wake_feeder()
 
     async def _retry_truncated(self, rev: int, max_tokens: int) -> None:
-        found = await asyncio.to_thread(self._find_truncated, max_tokens)
+        found = await asyncio.to_thread(find_truncated, self.store.folder, self.store.done,
+                                        self._inflight, max_tokens)
         events = [requeued(i, a + 1, "truncated") for i, a in found]
         events.append(retry_applied("truncated", rev))
         await self._journal(events)
@@ -532,28 +485,6 @@ class Engine:
         log.info("retry truncated (rev %d): %d indices requeued at max_tokens %d", rev,
                  len(found), max_tokens)
         self._wake_feeder()
-
-    def _find_truncated(self, max_tokens: int) -> list[tuple[int, int]]:
-        """Current lines (highest attempt) that hit a max_tokens below today's."""
-        decoder = msgspec.json.Decoder(_LineFields)
-        done = self.store.done
-        found = []
-        for batch in sorted(self.store.folder.glob("completions_*.jsonl*")):
-            try:
-                f = open(batch, "rb")  # noqa: SIM115 - closed by the with below
-            except FileNotFoundError:
-                # The open batch closed (renamed) since the listing: read it under its new name.
-                f = open(batch.with_suffix(""), "rb")  # noqa: SIM115
-            with f:
-                for raw in f:
-                    if not raw.endswith(b"\n"):
-                        break  # the writer is mid-line in the open batch
-                    line = decoder.decode(raw)
-                    if (line.finish_reason == "length" and line.max_tokens < max_tokens
-                            and done.attempt(line.index) == line.attempt
-                            and line.index not in self._inflight):
-                        found.append((line.index, line.attempt))
-        return found
 
     def _wake_feeder(self) -> None:
         self._epoch += 1

@@ -19,6 +19,8 @@ from agents.rundir.schema import (
     DiskStatus,
     GpuStats,
     Progress,
+    ServerProgress,
+    ServerState,
     ServerStatus,
     Snapshot,
     progress_decoder,
@@ -118,16 +120,26 @@ def read_train_progress(run_dir: Path) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) and obj.get("kind") == "train" else None
 
 
+def server_row(number: int, sp: ServerProgress | None, url: str | None = None,
+               state: ServerState | None = None) -> ServerStatus:
+    """A server's status row from what the engine counted (progress.json's `servers`); the
+    supervisor overlays what it watches itself (state, pid, SGLang's own figures)."""
+    st = ServerStatus(number=number, url=url if url is not None else (sp.url if sp else ""),
+                      state=state or (sp.state if sp else "down"))
+    if sp is not None:
+        st.in_flight, st.limit, st.completed, st.failed = (sp.in_flight, sp.limit,
+                                                           sp.completed, sp.failed)
+        st.req_per_s, st.tok_per_s, st.accept_length = (sp.req_per_s, sp.tok_per_s,
+                                                         sp.accept_length)
+        st.last_error = sp.last_error
+    return st
+
+
 def servers_from_progress(progress: Progress | None) -> list[ServerStatus]:
     if progress is None:
         return []
-    out = []
-    for name, sp in sorted(progress.servers.items(), key=lambda kv: int(kv[0])):
-        out.append(ServerStatus(
-            number=int(name), url=sp.url, state=sp.state, in_flight=sp.in_flight,
-            limit=sp.limit, completed=sp.completed, failed=sp.failed, req_per_s=sp.req_per_s,
-            tok_per_s=sp.tok_per_s, accept_length=sp.accept_length, last_error=sp.last_error))
-    return out
+    return [server_row(int(name), sp)
+            for name, sp in sorted(progress.servers.items(), key=lambda kv: int(kv[0]))]
 
 
 def supervisor_pid(run_dir: Path) -> int | None:

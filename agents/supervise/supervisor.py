@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from agents import __version__
-from agents.engine.run import Engine, EngineError
+from agents.engine import EngineError
+from agents.engine.run import Engine
 from agents.engine.store import StoreError
 from agents.engine.uploader import S3Unavailable
 from agents.rpc.methods import ControlMethods, check_hello
@@ -36,7 +37,13 @@ from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, load_run_spec
 from agents.supervise.alerts import AlertBook
 from agents.supervise.servers import ManagedServer, ServerSet
-from agents.supervise.snapshot import DiskWatch, Nvml, read_progress, read_train_progress
+from agents.supervise.snapshot import (
+    DiskWatch,
+    Nvml,
+    read_progress,
+    read_train_progress,
+    server_row,
+)
 
 log = logging.getLogger("fleetdeck.supervisor")
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
@@ -223,14 +230,8 @@ class Supervisor:
             sp = progress.servers.get(str(n)) if progress else None
             m = managed.get(n)
             state = m.state if m is not None else (sp.state if sp else "down")
-            st = ServerStatus(number=n, url=m.url if m else (sp.url if sp else ""),
-                              state=state if state != "stopped" else "down")  # type: ignore[arg-type]
-            if sp is not None:
-                st.in_flight, st.limit, st.completed, st.failed = (sp.in_flight, sp.limit,
-                                                                   sp.completed, sp.failed)
-                st.req_per_s, st.tok_per_s, st.accept_length = (sp.req_per_s, sp.tok_per_s,
-                                                                 sp.accept_length)
-                st.last_error = sp.last_error
+            st = server_row(n, sp, url=m.url if m else None,
+                            state=state if state != "stopped" else "down")  # type: ignore[arg-type]
             if m is not None and self.servers is not None:
                 for key, value in self.servers.status_fields(m).items():
                     setattr(st, key, value)
