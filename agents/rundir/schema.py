@@ -299,7 +299,7 @@ class Snapshot(msgspec.Struct):
     supervisor_pid: int | None = None
     progress: Progress | None = None
     progress_age_s: float | None = None
-    train: dict[str, Any] | None = None
+    train: TrainProgress | None = None
     servers: list[ServerStatus] = msgspec.field(default_factory=list)
     alerts: list[Alert] = msgspec.field(default_factory=list)
     disk: DiskStatus | None = None

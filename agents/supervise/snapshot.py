@@ -23,7 +23,9 @@ from agents.rundir.schema import (
     ServerState,
     ServerStatus,
     Snapshot,
+    TrainProgress,
     progress_decoder,
+    train_progress_decoder,
 )
 from agents.supervise.procinfo import alive
 
@@ -112,12 +114,13 @@ def read_progress(run_dir: Path) -> tuple[Progress | None, float | None]:
     return p, max(0.0, time.time() - p.updated_at)
 
 
-def read_train_progress(run_dir: Path) -> dict[str, Any] | None:
+def read_train_progress(run_dir: Path) -> TrainProgress | None:
+    """The trainer's progress.json, typed; None when it is missing, unreadable or not a
+    training run's (a half-written or foreign file is no progress)."""
     try:
-        obj = msgspec.json.decode((run_dir / "progress.json").read_bytes())
-    except (FileNotFoundError, msgspec.DecodeError):
+        return train_progress_decoder.decode((run_dir / "progress.json").read_bytes())
+    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return obj if isinstance(obj, dict) and obj.get("kind") == "train" else None
 
 
 def server_row(number: int, sp: ServerProgress | None, url: str | None = None,
@@ -154,7 +157,7 @@ def from_disk(run_dir: Path, kind: str = "generate", name: str = "") -> Snapshot
     """What the files say when no supervisor answers (status keeps its last word, aged)."""
     progress, age = read_progress(run_dir) if kind == "generate" else (None, None)
     train = read_train_progress(run_dir) if kind == "train" else None
-    status = progress.status if progress else (str(train.get("status")) if train else "unknown")
+    status = progress.status if progress else (train.status if train else "unknown")
     if progress is not None and progress.pid and status in ("running", "paused", "draining") \
             and not alive(progress.pid):
         status = "failed"  # the engine died without writing its last status

@@ -248,7 +248,7 @@ class Supervisor:
         elif progress is not None:
             status = progress.status
         elif train is not None:
-            status = str(train.get("status", "running"))
+            status = train.status
             code = self.train_proc.poll() if self.train_proc is not None else None
             if code not in (None, 0) and status in ("running", "starting"):
                 # The trainer died without writing its last word.
