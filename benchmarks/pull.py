@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from console.artifacts.decommission import pull_node  # noqa: E402
 from console.artifacts.opensftp import sftp_command  # noqa: E402
-from console.artifacts.pull import PULL_CIPHERS, fetch_manifest  # noqa: E402
+from console.artifacts.pull import PULL_CIPHERS  # noqa: E402
+from console.artifacts.pullset import fetch_manifest  # noqa: E402
 from console.fleet import Node  # noqa: E402
 from console.transport import AgentLink  # noqa: E402
 from tests.servers.sshd import SshServer, start_sshd  # noqa: E402
@@ -115,7 +116,7 @@ async def pull_once(node: Node, dest: Path, engine: str | None
     assert link.conn is not None
     cipher = str(link.conn.get_extra_info("send_cipher"))
     try:
-        report = await pull_node(link, node, dest, everything=True, engine=engine)
+        report = await pull_node(link, node, dest, everything=True, data_path=engine)
     finally:
         await link.close()
     wall = time.perf_counter() - t0
@@ -123,10 +124,10 @@ async def pull_once(node: Node, dest: Path, engine: str | None
         raise SystemExit(f"pull failed: {dict(list(report.failed.items())[:5])}")
     for note in report.notes:
         print(f"  pull: {note}")
-    if report.engine == "openssh":
+    if report.data_path == "openssh":
         # The sftp processes' own connections: the cipher OpenSSH picks from opensftp.CIPHERS.
         cipher = sftp_cipher(node)
-    return wall, t_conn, report.engine, cipher
+    return wall, t_conn, report.data_path, cipher
 
 
 def sftp_cipher(node: Node) -> str:

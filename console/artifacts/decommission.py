@@ -17,20 +17,9 @@ from typing import Any
 
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import ManifestEntry
-from console.artifacts.pull import (
-    PULL_CIPHERS,
-    Progress,
-    Puller,
-    PullError,
-    PullReport,
-    dest_for,
-    fetch_manifest,
-    local_sha256,
-    open_source,
-    pull_set,
-    safe_rel,
-    save_manifest,
-)
+from console.artifacts.pull import PULL_CIPHERS, PullProgress, PullReport, local_sha256, puller_for
+from console.artifacts.pullset import dest_for, fetch_manifest, pull_set, safe_rel, save_manifest
+from console.artifacts.sources import PullError, open_source
 from console.fleet import Fleet, Node
 from console.headless import (
     EXIT_CHECK,
@@ -76,15 +65,15 @@ async def _context(link: AgentLink, node: Node, everything: bool
 
 
 async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: bool = False,
-                    on_progress: Callable[[Progress], None] | None = None,
-                    engine: str | None = None) -> PullReport:
-    """Pull the node's pull set; `engine` picks the data path (console/pull.py: pull_engine)."""
+                    on_progress: Callable[[PullProgress], None] | None = None,
+                    data_path: str | None = None) -> PullReport:
+    """Pull the node's pull set; `data_path` picks one (console/artifacts/sources.py)."""
     snap, entries, chosen = await _context(link, node, everything)
     dest = dest_for(pull_dir, node, snap["run"])
     save_manifest(dest, entries)
-    source = await open_source(node, link.conn, engine)
+    source = await open_source(node, link.conn, data_path)
     try:
-        report = await Puller(source, dest, on_progress).run(chosen)
+        report = await puller_for(source, dest, on_progress).run(chosen)
     finally:
         await source.close()
     report.refused = [e.path for e in entries if e.refused is not None]
@@ -127,10 +116,10 @@ async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
     return Checklist(node.name, str(dest), items)
 
 
-def _printer() -> Callable[[Progress], None]:
+def _printer() -> Callable[[PullProgress], None]:
     last = [0.0]
 
-    def show(p: Progress) -> None:
+    def show(p: PullProgress) -> None:
         import time
 
         now = time.monotonic()

@@ -1,15 +1,11 @@
 """`fleetdeck pull NODE`: copy a run's artifacts here, proven by sha256.
 
 Files come from the node's manifest (served by the agent, confined to RUN_DIR) into
-PULL_DIR/<node>/<run>/ mirroring RUN_DIR, several at once. The bytes travel by OpenSSH's own
-`sftp` client when it is installed (console/opensftp.py: C, AES-GCM, a few processes in
-parallel), else over SFTP on the agent link's asyncssh connection (pipelined reads in Python,
-about half scp's speed); a node on this machine is read directly. Either way a half-copied file
-resumes from its `.fdpart` size, every file is checked against the manifest's sha256, and a
-mismatch is fetched again once, then reported. FLEETDECK_PULL_ENGINE=openssh|asyncssh picks a
-data path (tests, benchmarks, a broken sftp). By default the pull set leaves out completion
-batches that S3 holds verified (`--all` takes them too); for a training run it takes progress,
-logs and the latest and best checkpoints.
+PULL_DIR/<node>/<run>/ mirroring RUN_DIR, several at once, from one of the data paths in
+console/artifacts/sources.py. Either way a half-copied file resumes from its `.fdpart` size,
+every file is checked against the manifest's sha256, and a mismatch is fetched again once,
+then reported. `Puller` copies file by file through `Source.read`; `OpensshPuller` hands
+whole batches of files to OpenSSH's sftp processes and checks each as sftp passes it.
 """
 
 from __future__ import annotations
@@ -17,30 +13,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from pathlib import Path
 
 import asyncssh
-import msgspec
 
-from agents.rundir.schema import ManifestEntry, ManifestPage
+from agents.rundir.schema import ManifestEntry
 from console.artifacts import opensftp
-from console.fleet import Node
+from console.artifacts.pullset import STATE_DIR, safe_rel
+from console.artifacts.sources import CHUNK, OpensshSource, PullError, Source
 
-CHUNK = 4 * 1024 * 1024
-# OpenSSH's sftp-server answers at most 255 KiB per read; asking for 256 KiB got 255 back and
-# asyncssh fetched the missing 1 KiB with a second request, doubling the requests.
-SFTP_READ = 255 * 1024
 PARALLEL_FILES = 4
 PART_SUFFIX = ".fdpart"
-CHECKPOINT_RE = re.compile(r"^epoch_\d+_step_\d+$")
-STATE_DIR = ".fleetdeck"
-# Which data path pull takes: "openssh", "asyncssh", or unset (OpenSSH's sftp when installed).
-ENGINE_ENV = "FLEETDECK_PULL_ENGINE"
 # How often the OpenSSH path looks at the parts' sizes: sftp in batch mode reports no progress.
 PROGRESS_POLL_S = 0.5
 # Preferred ciphers for bulk copies: AES-GCM runs on the CPU's AES instructions.
@@ -48,99 +34,8 @@ PULL_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr"
                 "chacha20-poly1305@openssh.com"]
 
 
-class PullError(RuntimeError):
-    pass
-
-
-class Source(Protocol):
-    async def read(self, rel: str, offset: int, length: int,
-                   sink: Callable[[bytes], None]) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-class SftpSource:
-    """Reads from RUN_DIR on the node over SFTP, with many requests in flight per file."""
-
-    engine = "asyncssh"
-
-    def __init__(self, sftp: asyncssh.SFTPClient, run_dir: str) -> None:
-        self.sftp = sftp
-        self.run_dir = run_dir
-
-    async def read(self, rel: str, offset: int, length: int,
-                   sink: Callable[[bytes], None]) -> None:
-        async with self.sftp.open(f"{self.run_dir}/{rel}", "rb", block_size=SFTP_READ,
-                                  max_requests=64) as f:
-            pos, end = offset, offset + length
-            while pos < end:
-                data = await f.read(min(CHUNK, end - pos), pos)
-                assert isinstance(data, bytes)  # opened in binary mode
-                if not data:
-                    raise PullError(f"{rel}: the file ended at {pos} bytes, the manifest "
-                                    f"says {end}")
-                sink(data)
-                pos += len(data)
-
-    async def close(self) -> None:
-        self.sftp.exit()
-
-
-class LocalSource:
-    """The same, for a node on this machine (the demo, tests of the local transport)."""
-
-    engine = "local"
-
-    def __init__(self, run_dir: str) -> None:
-        self.run_dir = run_dir
-
-    async def read(self, rel: str, offset: int, length: int,
-                   sink: Callable[[bytes], None]) -> None:
-        def copy() -> None:
-            with open(os.path.join(self.run_dir, rel), "rb") as f:
-                f.seek(offset)
-                left = length
-                while left:
-                    data = f.read(min(CHUNK, left))
-                    if not data:
-                        raise PullError(f"{rel}: shorter than the manifest says")
-                    sink(data)
-                    left -= len(data)
-
-        await asyncio.to_thread(copy)
-
-    async def close(self) -> None:
-        return None
-
-
-class OpensshSource:
-    """Pull through OpenSSH's sftp (the Puller hands it whole batches); `read` serves the few
-    files a batch line cannot name, over SFTP on the agent link's connection."""
-
-    engine = "openssh"
-
-    def __init__(self, node: Node, sftp: str, conn: asyncssh.SSHClientConnection | None) -> None:
-        self.node = node
-        self.fetcher = opensftp.SftpFetcher(sftp, node, node.run_dir)
-        self._conn = conn
-        self._fallback: SftpSource | None = None
-
-    async def read(self, rel: str, offset: int, length: int,
-                   sink: Callable[[bytes], None]) -> None:
-        if self._fallback is None:
-            if self._conn is None:
-                raise PullError(f"{rel}: sftp cannot fetch this name and there is no SSH "
-                                "connection to fall back on")
-            self._fallback = SftpSource(await self._conn.start_sftp_client(), self.node.run_dir)
-        await self._fallback.read(rel, offset, length, sink)
-
-    async def close(self) -> None:
-        if self._fallback is not None:
-            await self._fallback.close()
-
-
 @dataclass
-class Progress:
+class PullProgress:
     files_total: int = 0
     files_done: int = 0
     bytes_total: int = 0
@@ -169,57 +64,12 @@ class PullReport:
     failed: dict[str, str] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)
     bytes_transferred: int = 0
-    engine: str = ""  # the data path: "openssh", "asyncssh" or "local"
+    data_path: str = ""  # "openssh", "asyncssh" or "local"
     notes: list[str] = field(default_factory=list)  # e.g. why OpenSSH's sftp was not used
 
     @property
     def ok(self) -> bool:
         return not self.failed
-
-
-def safe_rel(path: str) -> str:
-    """A manifest path as a local relative path: never absolute, never '..'."""
-    rel = PurePosixPath(path)
-    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-        raise PullError(f"manifest path {path!r} leaves the run directory; refused")
-    return str(rel)
-
-
-async def fetch_manifest(call: Callable[..., Any]) -> list[ManifestEntry]:
-    entries: list[ManifestEntry] = []
-    offset: int | None = 0
-    while offset is not None:
-        raw = await call("manifest", {"offset": offset, "limit": 5000})
-        page = msgspec.convert(raw, ManifestPage)
-        entries += page.entries
-        offset = page.next_offset
-    return entries
-
-
-def pull_set(entries: list[ManifestEntry], role: str, everything: bool,
-             train: dict[str, Any] | None = None) -> list[ManifestEntry]:
-    """What must be here before the node may go: by default everything but completion
-    batches that S3 holds verified; for training, the latest and best checkpoints only."""
-    keep_ckpt: set[str] = set()
-    if train:
-        for key in ("last_checkpoint", "best_checkpoint"):
-            value = train.get(key)
-            if isinstance(value, str) and value:
-                keep_ckpt.add(value.rstrip("/").split("/")[-1])
-    chosen = []
-    for e in entries:
-        if e.refused is not None:
-            continue
-        if e.kind == "batch" and e.in_s3 and not everything:
-            continue
-        if e.kind == "checkpoint" and not everything and role == "train":
-            # Of the epoch_E_step_S folders only the latest and the best; files beside them
-            # (best.json) come too.
-            folders = [p for p in e.path.split("/") if CHECKPOINT_RE.match(p)]
-            if folders and not any(p in keep_ckpt for p in folders):
-                continue
-        chosen.append(e)
-    return chosen
 
 
 def local_sha256(path: Path, size: int) -> str | None:
@@ -273,13 +123,12 @@ class _Part:
 
 class Puller:
     def __init__(self, source: Source, dest: Path,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+                 on_progress: Callable[[PullProgress], None] | None = None) -> None:
         self.source = source
         self.dest = dest
         self.on_progress = on_progress
-        self.progress = Progress()
+        self.progress = PullProgress()
         self.report = PullReport(dest)
-        self._parts: dict[str, _Part] = {}  # the OpenSSH path's files of the current round
 
     def _tick(self, n: int) -> None:
         self.progress.bytes_done += n
@@ -350,24 +199,36 @@ class Puller:
     async def run(self, entries: list[ManifestEntry]) -> PullReport:
         self.progress.files_total = len(entries)
         self.progress.bytes_total = sum(e.size for e in entries)
-        self.report.engine = getattr(self.source, "engine", "")
+        self.report.data_path = self.source.data_path
         limit = asyncio.Semaphore(PARALLEL_FILES)
         # Big files first, so the long transfers overlap the many small ones.
         ordered = sorted(entries, key=lambda e: -e.size)
-        if isinstance(self.source, OpensshSource):
-            await self._run_openssh(self.source, ordered, limit)
-        else:
-            await asyncio.gather(*(self._one(e, limit) for e in ordered))
+        await self._pull(ordered, limit)
         return self.report
 
-    # The OpenSSH path: sftp processes write the parts; here they are watched and checked.
+    async def _pull(self, entries: list[ManifestEntry], limit: asyncio.Semaphore) -> None:
+        await asyncio.gather(*(self._one(e, limit) for e in entries))
+
+
+class OpensshPuller(Puller):
+    """The OpenSSH path: sftp processes write the parts; here they are watched and checked.
+    Files sftp cannot be given (a newline in the name) go through `Puller`'s file-by-file copy."""
+
+    def __init__(self, source: OpensshSource, dest: Path,
+                 on_progress: Callable[[PullProgress], None] | None = None) -> None:
+        super().__init__(source, dest, on_progress)
+        self.openssh = source
+        self._parts: dict[str, _Part] = {}  # the files of the current round
+
+    async def _pull(self, entries: list[ManifestEntry], limit: asyncio.Semaphore) -> None:
+        await self._run_openssh(self.openssh, entries, limit)
 
     async def _run_openssh(self, source: OpensshSource, entries: list[ManifestEntry],
                            limit: asyncio.Semaphore) -> None:
         if opensftp.cd_line(source.node.run_dir) is None:
             self.report.notes.append("RUN_DIR is too long for an sftp batch line: "
                                      "pulled over asyncssh")
-            self.report.engine = "asyncssh"
+            self.report.data_path = "asyncssh"
             await asyncio.gather(*(self._one(e, limit) for e in entries))
             return
         batched: list[ManifestEntry] = []
@@ -441,7 +302,7 @@ class Puller:
                 # known_hosts differ from asyncssh's): take the files over asyncssh.
                 self.report.notes.append(f"OpenSSH's sftp could not reach the node "
                                          f"({result.said}): pulled over asyncssh")
-                self.report.engine = "asyncssh"
+                self.report.data_path = "asyncssh"
                 for p in unreached:
                     self.progress.bytes_done -= min(p.seen, p.entry.size)
                     self.report.resumed.pop(p.rel, None)  # _one counts it again
@@ -503,35 +364,9 @@ class Puller:
                 self.on_progress(self.progress)
 
 
-def dest_for(pull_dir: Path, node: Node, run_name: str) -> Path:
-    return pull_dir / node.name / run_name
-
-
-def save_manifest(dest: Path, entries: list[ManifestEntry]) -> None:
-    (dest / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    (dest / STATE_DIR / "manifest.json").write_bytes(msgspec.json.encode(entries))
-
-
-def pull_engine(engine: str | None = None) -> str:
-    """The data path asked for (argument, else FLEETDECK_PULL_ENGINE): "openssh" when OpenSSH's
-    sftp is installed, else "asyncssh"."""
-    choice = (engine or os.environ.get(ENGINE_ENV) or "auto").strip().lower()
-    if choice not in ("auto", "openssh", "asyncssh"):
-        raise PullError(f"{ENGINE_ENV}={choice!r}: expected openssh or asyncssh")
-    if choice == "auto":
-        return "openssh" if opensftp.find_sftp() else "asyncssh"
-    return choice
-
-
-async def open_source(node: Node, conn: asyncssh.SSHClientConnection | None,
-                      engine: str | None = None) -> Source:
-    if node.local:
-        return LocalSource(node.run_dir)
-    if pull_engine(engine) == "openssh":
-        sftp = opensftp.find_sftp()
-        if sftp is None:
-            raise PullError("OpenSSH's sftp client is not installed (PATH); install "
-                            "openssh-client or use FLEETDECK_PULL_ENGINE=asyncssh")
-        return OpensshSource(node, sftp, conn)
-    assert conn is not None
-    return SftpSource(await conn.start_sftp_client(), node.run_dir)
+def puller_for(source: Source, dest: Path,
+               on_progress: Callable[[PullProgress], None] | None = None) -> Puller:
+    """The puller that fits the data path."""
+    if isinstance(source, OpensshSource):
+        return OpensshPuller(source, dest, on_progress)
+    return Puller(source, dest, on_progress)

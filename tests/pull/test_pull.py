@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from console.artifacts.decommission import checklist, pull_node
-from console.artifacts.pull import PULL_CIPHERS, Puller, open_source, pull_engine
+from console.artifacts.pull import PULL_CIPHERS, puller_for
+from console.artifacts.sources import choose_data_path, open_source
 from console.fleet import Node
 from console.transport import AgentLink, ssh_connect
 from tests.servers.s3 import S3Server
@@ -72,11 +73,11 @@ async def _drop_connections_at(part: Path, size: int, sshd: SshServer) -> None:
 ODD_NAMES = ['we ird*[1]?.log', 'q"uo\\te\'s #.log', "-dash.log", "new\nline.log"]
 
 
-@pytest.mark.parametrize("engine", ["openssh", "asyncssh"])
+@pytest.mark.parametrize("data_path", ["openssh", "asyncssh"])
 async def test_pull_resumes_after_a_dropped_connection(sshd: SshServer, finished_run: Path,
                                                       tmp_path: Path, s3: S3Server,
-                                                      engine: str) -> None:
-    if engine == "openssh" and shutil.which("sftp") is None:
+                                                      data_path: str) -> None:
+    if data_path == "openssh" and shutil.which("sftp") is None:
         pytest.skip("OpenSSH's sftp client is not installed")
     node = make_node(sshd, finished_run, s3)
     pulls = tmp_path / "pulls"
@@ -93,22 +94,22 @@ async def test_pull_resumes_after_a_dropped_connection(sshd: SshServer, finished
     # Drop the SSH connections once the big file is well under way.
     cut = asyncio.create_task(_drop_connections_at(part, big.stat().st_size // 2, sshd))
     try:
-        first = await pull_node(link, node, pulls, engine=engine)
+        first = await pull_node(link, node, pulls, data_path=data_path)
     finally:
         cut.cancel()
         await asyncio.gather(cut, return_exceptions=True)
         await link.close()
-    assert first.engine == engine
+    assert first.data_path == data_path
     assert "logs/big.log" in first.failed, "the drop should have hit the big file"
     offset = part.stat().st_size
     assert 0 < offset < big.stat().st_size
     done_before = set(first.copied)
 
     link = await _link(node)
-    second = await pull_node(link, node, pulls, engine=engine)
+    second = await pull_node(link, node, pulls, data_path=data_path)
     await link.close()
     assert second.ok, second.failed
-    assert second.engine == engine and not second.notes
+    assert second.data_path == data_path and not second.notes
     assert second.resumed["logs/big.log"] == offset
     assert done_before <= set(second.skipped), "finished files were copied again"
     assert not set(second.copied) & done_before
@@ -188,7 +189,8 @@ def test_headless_pull_and_check_exit_codes(sshd: SshServer, finished_run: Path,
 
 @pytest.mark.parametrize("bad", ["../etc/passwd", "/etc/passwd"])
 def test_manifest_paths_leaving_the_run_dir_are_refused(bad: str) -> None:
-    from console.artifacts.pull import PullError, safe_rel
+    from console.artifacts.pullset import safe_rel
+    from console.artifacts.sources import PullError
 
     with pytest.raises(PullError):
         safe_rel(bad)
@@ -196,7 +198,7 @@ def test_manifest_paths_leaving_the_run_dir_are_refused(bad: str) -> None:
 
 def test_training_pull_set_takes_latest_and_best_checkpoints_only() -> None:
     from agents.rundir.schema import ManifestEntry
-    from console.artifacts.pull import pull_set
+    from console.artifacts.pullset import pull_set
 
     def entry(path: str, kind: str) -> ManifestEntry:
         return ManifestEntry(path=path, kind=kind, size=1, mtime=0, mtime_ns=0,  # type: ignore[arg-type]
@@ -216,17 +218,17 @@ def test_training_pull_set_takes_latest_and_best_checkpoints_only() -> None:
     assert len(pull_set(entries, "train", True, train)) == len(entries)
 
 
-def test_engine_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    from console.artifacts.pull import ENGINE_ENV, PullError
+def test_data_path_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    from console.artifacts.sources import DATA_PATH_ENV, PullError
 
-    monkeypatch.setenv(ENGINE_ENV, "asyncssh")
-    assert pull_engine() == "asyncssh"
-    assert pull_engine("openssh") == "openssh"  # the argument wins
-    monkeypatch.delenv(ENGINE_ENV)
-    assert pull_engine() == ("openssh" if shutil.which("sftp") else "asyncssh")
-    monkeypatch.setenv(ENGINE_ENV, "rsync")
+    monkeypatch.setenv(DATA_PATH_ENV, "asyncssh")
+    assert choose_data_path() == "asyncssh"
+    assert choose_data_path("openssh") == "openssh"  # the argument wins
+    monkeypatch.delenv(DATA_PATH_ENV)
+    assert choose_data_path() == ("openssh" if shutil.which("sftp") else "asyncssh")
+    monkeypatch.setenv(DATA_PATH_ENV, "rsync")
     with pytest.raises(PullError):
-        pull_engine()
+        choose_data_path()
 
 
 def test_sftp_batches_quote_names_and_balance_bytes() -> None:
@@ -293,7 +295,7 @@ async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServ
         source = await open_source(node, conn, "openssh")
         groups: set[int] = set()
         part = dest / "big.bin.fdpart"
-        task = asyncio.create_task(Puller(source, dest).run(entries))
+        task = asyncio.create_task(puller_for(source, dest).run(entries))
         while not (part.exists() and part.stat().st_size > 0):
             # sftp runs in a process group of its own (pgid = its pid), with ssh under it.
             groups |= {int(p.split()[0]) for p in _procs(lambda ppid, pgrp: ppid == os.getpid())
@@ -310,9 +312,9 @@ async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServ
         offset = part.stat().st_size
         assert 0 < offset < len(files["big.bin"])
 
-        report = await Puller(source, dest).run(entries)
+        report = await puller_for(source, dest).run(entries)
         await source.close()
-        assert report.engine == "openssh" and not report.notes
+        assert report.data_path == "openssh" and not report.notes
         assert report.resumed == {"big.bin": offset}
         assert "big.bin" in report.copied  # the small ones may have made it before the cancel
         assert set(report.copied) | set(report.skipped) == {"big.bin", "empty", "grown.log"}
@@ -332,10 +334,10 @@ async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServ
         assert hasattr(source, "fetcher")
         source.fetcher.sftp = str(fake)
         again = dest / "again"
-        report = await Puller(source, again).run(entries[:1] + entries[2:3] + entries[4:])
+        report = await puller_for(source, again).run(entries[:1] + entries[2:3] + entries[4:])
         await source.close()
         assert report.ok, report.failed
-        assert report.engine == "asyncssh"
+        assert report.data_path == "asyncssh"
         assert "Host key verification failed" in report.notes[0]
         assert (again / "big.bin").read_bytes() == files["big.bin"]
     finally:

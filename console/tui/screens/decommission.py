@@ -15,14 +15,15 @@ from textual.widgets import Label, ProgressBar, Static
 
 from agents.rpc.protocol import RpcError
 from console.artifacts.decommission import Checklist, checklist, pull_node
-from console.artifacts.pull import Progress, PullError
+from console.artifacts.pull import PullProgress
+from console.artifacts.sources import PullError
 from console.tui.widgets import figures as f
 
 if TYPE_CHECKING:
     from console.tui.app import FleetdeckApp
 
 
-def _eta(p: Progress) -> str:
+def _eta(p: PullProgress) -> str:
     return f"{p.eta_s:.0f} s" if p.eta_s is not None else "?"
 
 
@@ -127,7 +128,7 @@ class DecommissionScreen(ModalScreen[None]):
         label = self.query_one("#pull-label", Label)
         bar.display = True
 
-        def progress(p: Progress) -> None:
+        def progress(p: PullProgress) -> None:
             bar.update(total=max(p.bytes_total, 1), progress=p.bytes_done)
             label.update(f"pull: {p.files_done}/{p.files_total} files, "
                          f"{f.size(p.bytes_done)} of {f.size(p.bytes_total)}, "

@@ -1,0 +1,142 @@
+"""Where pull reads a run's bytes from, one class per data path: OpenSSH's `sftp` client in
+batch mode (C, AES-GCM, several processes; console/artifacts/opensftp.py), SFTP on the agent
+link's asyncssh connection (pipelined reads in Python, about half scp's speed), or the file
+system for a node on this machine. FLEETDECK_PULL_DATA_PATH=openssh|asyncssh picks one (tests,
+benchmarks, a broken sftp); by default OpenSSH's sftp when it is installed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Protocol
+
+import asyncssh
+
+from console.artifacts import opensftp
+from console.fleet import Node
+
+CHUNK = 4 * 1024 * 1024
+# OpenSSH's sftp-server answers at most 255 KiB per read; asking for 256 KiB got 255 back and
+# asyncssh fetched the missing 1 KiB with a second request, doubling the requests.
+SFTP_READ = 255 * 1024
+# Which data path pull takes: "openssh", "asyncssh", or unset (OpenSSH's sftp when installed).
+DATA_PATH_ENV = "FLEETDECK_PULL_DATA_PATH"
+
+
+class PullError(RuntimeError):
+    pass
+
+
+class Source(Protocol):
+    data_path: str
+
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class SftpSource:
+    """Reads from RUN_DIR on the node over SFTP, with many requests in flight per file."""
+
+    data_path = "asyncssh"
+
+    def __init__(self, sftp: asyncssh.SFTPClient, run_dir: str) -> None:
+        self.sftp = sftp
+        self.run_dir = run_dir
+
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None:
+        async with self.sftp.open(f"{self.run_dir}/{rel}", "rb", block_size=SFTP_READ,
+                                  max_requests=64) as f:
+            pos, end = offset, offset + length
+            while pos < end:
+                data = await f.read(min(CHUNK, end - pos), pos)
+                assert isinstance(data, bytes)  # opened in binary mode
+                if not data:
+                    raise PullError(f"{rel}: the file ended at {pos} bytes, the manifest "
+                                    f"says {end}")
+                sink(data)
+                pos += len(data)
+
+    async def close(self) -> None:
+        self.sftp.exit()
+
+
+class LocalSource:
+    """The same, for a node on this machine (the demo, tests of the local transport)."""
+
+    data_path = "local"
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None:
+        def copy() -> None:
+            with open(os.path.join(self.run_dir, rel), "rb") as f:
+                f.seek(offset)
+                left = length
+                while left:
+                    data = f.read(min(CHUNK, left))
+                    if not data:
+                        raise PullError(f"{rel}: shorter than the manifest says")
+                    sink(data)
+                    left -= len(data)
+
+        await asyncio.to_thread(copy)
+
+    async def close(self) -> None:
+        return None
+
+
+class OpensshSource:
+    """Pull through OpenSSH's sftp (the Puller hands it whole batches); `read` serves the few
+    files a batch line cannot name, over SFTP on the agent link's connection."""
+
+    data_path = "openssh"
+
+    def __init__(self, node: Node, sftp: str, conn: asyncssh.SSHClientConnection | None) -> None:
+        self.node = node
+        self.fetcher = opensftp.SftpFetcher(sftp, node, node.run_dir)
+        self._conn = conn
+        self._fallback: SftpSource | None = None
+
+    async def read(self, rel: str, offset: int, length: int,
+                   sink: Callable[[bytes], None]) -> None:
+        if self._fallback is None:
+            if self._conn is None:
+                raise PullError(f"{rel}: sftp cannot fetch this name and there is no SSH "
+                                "connection to fall back on")
+            self._fallback = SftpSource(await self._conn.start_sftp_client(), self.node.run_dir)
+        await self._fallback.read(rel, offset, length, sink)
+
+    async def close(self) -> None:
+        if self._fallback is not None:
+            await self._fallback.close()
+
+
+def choose_data_path(data_path: str | None = None) -> str:
+    """The data path asked for (argument, else FLEETDECK_PULL_DATA_PATH): "openssh" when OpenSSH's
+    sftp is installed, else "asyncssh"."""
+    choice = (data_path or os.environ.get(DATA_PATH_ENV) or "auto").strip().lower()
+    if choice not in ("auto", "openssh", "asyncssh"):
+        raise PullError(f"{DATA_PATH_ENV}={choice!r}: expected openssh or asyncssh")
+    if choice == "auto":
+        return "openssh" if opensftp.find_sftp() else "asyncssh"
+    return choice
+
+
+async def open_source(node: Node, conn: asyncssh.SSHClientConnection | None,
+                      data_path: str | None = None) -> Source:
+    if node.local:
+        return LocalSource(node.run_dir)
+    if choose_data_path(data_path) == "openssh":
+        sftp = opensftp.find_sftp()
+        if sftp is None:
+            raise PullError("OpenSSH's sftp client is not installed (PATH); install "
+                            "openssh-client or use FLEETDECK_PULL_DATA_PATH=asyncssh")
+        return OpensshSource(node, sftp, conn)
+    assert conn is not None
+    return SftpSource(await conn.start_sftp_client(), node.run_dir)
