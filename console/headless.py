@@ -9,11 +9,16 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
 
 from agents.rpc.protocol import RpcError
+from agents.rundir.schema import Snapshot
 from console.actions import BY_ID
 from console.fleet import Fleet, FleetError, Node, load_fleet
+from console.linkstate import LinkState
 from console.transport import AgentLink, HostKeyProblem, Unreachable, accept_host_key
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -37,48 +42,72 @@ async def open_link(node: Node, accept_new: bool) -> AgentLink:
     return link
 
 
-def _node_entry(name: str, link: str, error: str | None, snap: Any) -> dict[str, Any]:
-    return {"node": name, "link": link, "error": error, "snapshot": snap}
+StatusLink = LinkState | Literal["error"]  # "error": connected, but status was refused
+
+
+@dataclass(slots=True)
+class NodeStatus:
+    """One node's answer to `status`: the snapshot as sent (for --json) and decoded once."""
+
+    node: str
+    link: StatusLink
+    error: str | None = None
+    raw: dict[str, Any] | None = None
+    snapshot: Snapshot | None = None
+    unreadable: str | None = None  # why the snapshot did not decode (an agent of another build)
+
+    @classmethod
+    def answered(cls, node: str, raw: Any) -> NodeStatus:
+        try:
+            return cls(node, "connected", None, raw, msgspec.convert(raw, Snapshot))
+        except msgspec.ValidationError as exc:
+            return cls(node, "connected", None, raw, unreadable=str(exc))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "link": self.link, "error": self.error,
+                "snapshot": self.raw}
 
 
 async def _status_once(fleet: Fleet, nodes: list[Node], accept_new: bool
-                       ) -> list[dict[str, Any]]:
-    async def one(node: Node) -> dict[str, Any]:
+                       ) -> list[NodeStatus]:
+    async def one(node: Node) -> NodeStatus:
         try:
             link = await open_link(node, accept_new)
         except (Unreachable, OSError) as exc:
-            return _node_entry(node.name, "unreachable", str(exc), None)
+            return NodeStatus(node.name, "unreachable", str(exc))
         try:
             snap = await link.call("status", {}, timeout=30)
-            return _node_entry(node.name, "connected", None, snap)
+            return NodeStatus.answered(node.name, snap)
         except (RpcError, ConnectionError, TimeoutError) as exc:
-            return _node_entry(node.name, "error", str(exc), None)
+            return NodeStatus(node.name, "error", str(exc))
         finally:
             await link.close()
 
     return list(await asyncio.gather(*(one(n) for n in nodes)))
 
 
-def _human(entry: dict[str, Any]) -> str:
-    snap = entry["snapshot"]
+def _human(entry: NodeStatus) -> str:
+    snap = entry.snapshot
+    if entry.unreadable is not None:
+        return f"{entry.node}: unreadable snapshot: {entry.unreadable}"
     if snap is None:
-        return f"{entry['node']}: {entry['link']} - {entry['error']}"
-    p = snap.get("progress") or {}
-    line = f"{entry['node']}: {snap['kind']} {snap['run']} {snap['status']}"
-    if p:
-        eta = p.get("eta_hours")
-        line += (f"  {p['completed']}/{p['total']} done, {p['failed']} failed, "
-                 f"{p['rate_per_sec']:.2f}/s, ETA {'?' if eta is None else f'{eta:.2f} h'}")
-    train = snap.get("train") or {}
-    if train:
-        line += f"  step {train.get('step')}/{train.get('total_steps')} loss {train.get('loss')}"
-    for a in snap.get("alerts", []):
-        line += f"\n  ALERT {a['severity']}: {a['message']}"
+        return f"{entry.node}: {entry.link} - {entry.error}"
+    line = f"{entry.node}: {snap.kind} {snap.run} {snap.status}"
+    p = snap.progress
+    if p is not None:
+        eta = p.eta_hours
+        line += (f"  {p.completed}/{p.total} done, {p.failed} failed, "
+                 f"{p.rate_per_sec:.2f}/s, ETA {'?' if eta is None else f'{eta:.2f} h'}")
+    t = snap.train
+    if t is not None:
+        line += f"  step {t.step}/{t.total_steps} loss {t.loss}"
+    for a in snap.alerts:
+        line += f"\n  ALERT {a.severity}: {a.message}"
     return line
 
 
-def _alerting(entries: list[dict[str, Any]]) -> bool:
-    return any((e["snapshot"] or {}).get("alerts") for e in entries)
+def _alerting(entries: list[NodeStatus]) -> bool:
+    return any(e.snapshot is not None and e.snapshot.alerts for e in entries)
 
 
 async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
@@ -89,7 +118,8 @@ async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
     while True:
         entries = await _status_once(fleet, nodes, args.accept_new_host_key)
         if args.json:
-            print(json.dumps({"time": time.time(), "nodes": entries}), flush=True)
+            print(json.dumps({"time": time.time(), "nodes": [e.to_json() for e in entries]}),
+                  flush=True)
         else:
             for e in entries:
                 print(_human(e), flush=True)
@@ -98,7 +128,7 @@ async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
         if not args.watch:
             break
         await asyncio.sleep(args.interval)
-    if any(e["link"] != "connected" for e in entries):
+    if any(e.link != "connected" for e in entries):
         return EXIT_UNREACHABLE
     return EXIT_OK
 

@@ -1,5 +1,6 @@
 """The fleet as the console knows it: per node, the link's state, the last snapshot and its
-age, and which alerts are new. Widgets render this; they never ask a node anything."""
+age, and which alerts are new. Widgets render this; they never ask a node anything. Times come
+from the one clock the owner injects (the TUI's, frozen in tests)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import msgspec
 
 from agents.rundir.schema import Alert, Snapshot
 from console.fleet import Fleet, Node
+from console.linkstate import LinkState
 
 _decoder = msgspec.json.Decoder(Snapshot)
 
@@ -19,7 +21,7 @@ _decoder = msgspec.json.Decoder(Snapshot)
 @dataclass(slots=True)
 class NodeState:
     node: Node
-    link: str = "connecting"
+    link: LinkState = "connecting"
     error: str | None = None
     snapshot: Snapshot | None = None
     received_at: float | None = None
@@ -29,18 +31,20 @@ class NodeState:
     def name(self) -> str:
         return self.node.name
 
-    def age_s(self, now: float | None = None) -> float | None:
+    def age_s(self, now: float) -> float | None:
+        """Seconds since the last snapshot, by the same clock that stamped it."""
         if self.received_at is None:
             return None
-        return max(0.0, (time.time() if now is None else now) - self.received_at)
+        return max(0.0, now - self.received_at)
 
 
 class FleetState:
     """Applies snapshots (decoded once, typed) and tells listeners what changed."""
 
-    def __init__(self, fleet: Fleet, on_new_alert: Callable[[str, Alert], None] | None = None
-                 ) -> None:
+    def __init__(self, fleet: Fleet, on_new_alert: Callable[[str, Alert], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.fleet = fleet
+        self.clock = clock  # stamps each snapshot's arrival; ages are measured against it
         self.nodes: dict[str, NodeState] = {n.name: NodeState(n) for n in fleet.nodes}
         self.on_new_alert = on_new_alert
         self.version = 0  # bumped on every change, for cheap redraw checks
@@ -57,7 +61,7 @@ class FleetState:
             self.version += 1
             return None
         state.snapshot = snap
-        state.received_at = time.time()
+        state.received_at = self.clock()
         codes = {a.code for a in snap.alerts}
         if self.on_new_alert is not None:
             for alert in snap.alerts:
@@ -67,7 +71,7 @@ class FleetState:
         self.version += 1
         return snap
 
-    def set_link(self, name: str, link: str, error: str | None) -> None:
+    def set_link(self, name: str, link: LinkState, error: str | None) -> None:
         state = self.nodes.get(name)
         if state is None:
             return

@@ -25,6 +25,7 @@ import msgspec
 from agents import PROTOCOL_VERSION
 from agents.rpc.protocol import STREAM_LIMIT, VERSION_MISMATCH, RpcError
 from console.fleet import Node
+from console.linkstate import LinkState
 
 HELLO_TIMEOUT_S = 20.0
 
@@ -175,13 +176,13 @@ class AgentLink:
     """One node's channel: calls with replies, pushed snapshots, reconnection."""
 
     def __init__(self, node: Node, on_snapshot: Callable[[str, dict[str, Any]], None] | None = None,
-                 on_state: Callable[[str, str, str | None], None] | None = None,
+                 on_state: Callable[[str, LinkState, str | None], None] | None = None,
                  ciphers: list[str] | None = None) -> None:
         self.node = node
         self.ciphers = ciphers
         self.on_snapshot = on_snapshot
         self.on_state = on_state
-        self.state = "connecting"
+        self.state: LinkState = "connecting"
         self.error: str | None = None
         self.conn: asyncssh.SSHClientConnection | None = None
         self.hello: dict[str, Any] | None = None
@@ -194,7 +195,7 @@ class AgentLink:
         self._closed = False
         self._lost = asyncio.Event()
 
-    def _set(self, state: str, error: str | None = None) -> None:
+    def _set(self, state: LinkState, error: str | None = None) -> None:
         self.state, self.error = state, error
         if self.on_state is not None:
             self.on_state(self.node.name, state, error)

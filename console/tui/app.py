@@ -22,6 +22,7 @@ from agents.rundir.schema import Alert
 from console.actions import ACTIONS, BY_ID
 from console.alerting import run_alert_command
 from console.fleet import Fleet, Node
+from console.linkstate import LinkState
 from console.state import FleetState
 from console.transport import AgentLink, HostKeyProblem, accept_host_key
 from console.tui.fetched import Fetched
@@ -84,7 +85,7 @@ class FleetdeckApp(App[int]):
         self.connect = connect
         self.accept_new_host_key = accept_new_host_key
         self.clock = clock  # tests freeze it: every age on screen is computed from it
-        self.state = FleetState(fleet, on_new_alert=self._new_alert)
+        self.state = FleetState(fleet, on_new_alert=self._new_alert, clock=clock)
         self.fetched: dict[str, Fetched] = {n.name: Fetched() for n in fleet.nodes}
         self.links: dict[str, AgentLink] = {}
         self.controls = Controls(self)
@@ -176,7 +177,7 @@ class FleetdeckApp(App[int]):
         if snap is not None and snap.progress is not None:
             self.fetched[name].history.add_progress(snap.progress)
 
-    def _on_link_state(self, name: str, state: str, error: str | None) -> None:
+    def _on_link_state(self, name: str, state: LinkState, error: str | None) -> None:
         self.post_message(LinkChanged(name, state, error))
 
     @on(LinkChanged)

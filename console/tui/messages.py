@@ -7,9 +7,11 @@ from typing import Any
 
 from textual.message import Message
 
+from console.linkstate import LinkState
+
 
 class LinkChanged(Message):
-    def __init__(self, node: str, state: str, error: str | None) -> None:
+    def __init__(self, node: str, state: LinkState, error: str | None) -> None:
         super().__init__()
         self.node, self.state, self.error = node, state, error
 

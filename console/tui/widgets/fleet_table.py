@@ -49,12 +49,11 @@ def fleet_row(ns: NodeState, now: float, theme: Theme) -> Row:
         eta = f.hours(p.eta_hours)
         failed = f"{f.num(p.failed)} ({f.pct(p.failed, p.completed + p.failed, 2)})" \
             if p.failed else "0"
-    elif snap.train:
+    elif snap.train is not None:
         t = snap.train
-        progress = f"{f.pct(t.get('step'), t.get('total_steps'))} " \
-                   f"{f.num(t.get('step'))}/{f.num(t.get('total_steps'))}"
-        rate = f.rate(t.get("tokens_per_s"), " tok/s")
-        eta = f.hours(t.get("eta_hours"))
+        progress = f"{f.pct(t.step, t.total_steps)} {f.num(t.step)}/{f.num(t.total_steps)}"
+        rate = f.rate(t.tokens_per_s, " tok/s")
+        eta = f.hours(t.eta_hours)
     crit = any(a.severity == "critical" for a in snap.alerts)
     alerts = Text(str(len(snap.alerts)), style=style(theme, "bad" if crit else "warn")) \
         if snap.alerts else Text("0", style="dim")

@@ -13,6 +13,7 @@ from textual.theme import Theme
 from textual.widgets import ProgressBar, Static
 
 from agents.rundir.schema import Snapshot
+from console.linkstate import LinkState
 from console.tui.widgets import figures as f
 from console.tui.widgets.tones import RUN_TONE, style, toned
 
@@ -95,7 +96,7 @@ def error_lines(snap: Snapshot, theme: Theme) -> Text | None:
     return text
 
 
-def headline(snap: Snapshot, theme: Theme, age: float | None, link: str) -> Text:
+def headline(snap: Snapshot, theme: Theme, age: float | None, link: LinkState) -> Text:
     text = Text()
     text.append(f"{snap.run}  ", style="bold")
     text.append(snap.status, style=style(theme, RUN_TONE.get(snap.status)))
@@ -121,7 +122,7 @@ class RunPanel(Vertical):
         yield ProgressBar(total=None, show_eta=False, id="run-progress")
         yield Static(id="run-grid")
 
-    def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: str,
+    def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: LinkState,
              error: str | None) -> None:
         head = self.query_one("#run-headline", Static)
         grid = self.query_one("#run-grid", Static)

@@ -6,12 +6,15 @@ from __future__ import annotations
 from rich.text import Text
 from textual.theme import Theme
 
+from console.linkstate import LinkState
+
 RUN_TONE = {"running": "good", "paused": "warn", "draining": "warn", "failed": "bad",
             "done": "accent", "stopped": "muted", "starting": "accent", "unknown": "muted"}
 SERVER_TONE = {"healthy": "good", "degraded": "warn", "down": "bad", "starting": "accent",
                "restarting": "accent"}
-LINK_TONE = {"connected": "good", "connecting": "accent", "reconnecting": "warn",
-             "unreachable": "bad", "host key": "bad", "version mismatch": "bad"}
+LINK_TONE: dict[LinkState, str] = {
+    "connected": "good", "connecting": "accent", "reconnecting": "warn", "unreachable": "bad",
+    "host key": "bad", "version mismatch": "bad"}
 
 
 def style(theme: Theme, tone: str | None) -> str:

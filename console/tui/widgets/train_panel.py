@@ -1,10 +1,9 @@
 """The training node: step / total, loss, accuracy per block position, estimated accept
 length, tokens/s, learning rate, ETA, last and best checkpoint, GPU stats. Drawn from
-`snapshot.train` (the trainer's progress.json): whatever keys are present."""
+`snapshot.train` (the trainer's progress.json, a TrainProgress) and the GPU stats of the
+snapshot's server rows."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -14,21 +13,14 @@ from textual.containers import Vertical
 from textual.theme import Theme
 from textual.widgets import ProgressBar, Static
 
-from agents.rundir.schema import Snapshot
+from agents.rundir.schema import GpuStats, Snapshot, TrainProgress
+from console.linkstate import LinkState
 from console.tui.widgets import figures as f
 from console.tui.widgets.live_table import LiveTable, Row
 from console.tui.widgets.run_panel import headline
 from console.tui.widgets.tones import style
 
 BAR_WIDTH = 24
-
-
-def _float(t: dict[str, Any], *keys: str) -> float | None:
-    for k in keys:
-        v = t.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return None
 
 
 def accuracy_chart(acc: list[float], theme: Theme) -> RenderableType:
@@ -54,7 +46,8 @@ def accuracy_chart(acc: list[float], theme: Theme) -> RenderableType:
     return grid
 
 
-def train_grid(t: dict[str, Any], theme: Theme, stale: bool) -> RenderableType:
+def train_grid(t: TrainProgress | None, theme: Theme, stale: bool) -> RenderableType:
+    """The trainer's figures; dashes for every one while no progress.json was read."""
     dim = style(theme, "muted") if stale else ""
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="bold", no_wrap=True)
@@ -65,29 +58,31 @@ def train_grid(t: dict[str, Any], theme: Theme, stale: bool) -> RenderableType:
     def cell(text: str) -> Text:
         return Text(text, style=dim)
 
-    loss = _float(t, "loss")
-    acc_len = _float(t, "accept_length")
-    held = _float(t, "heldout_accept_length")
-    best = _float(t, "best_accept_length")
+    loss = t.loss if t is not None else None
+    acc_len = t.accept_length if t is not None else None
+    held = t.heldout_accept_length if t is not None else None
+    best = t.best_accept_length if t is not None else None
     accept = f"{acc_len:.2f}" if acc_len is not None else f.DASH
     if held is not None:
         accept += f" · held-out {held:.2f}"
     if best is not None:
         accept += f" · best {best:.2f}"
-    epoch = f"{f.num(t.get('epoch'))}" + (f" / {f.num(t.get('epochs'))}" if t.get("epochs")
-                                          else "")
-    lr = _float(t, "lr")
+    epoch = f.num(t.epoch if t is not None else None) + \
+        (f" / {f.num(t.epochs)}" if t is not None and t.epochs else "")
+    lr = t.lr if t is not None else None
     grid.add_row("Loss", cell(f"{loss:.4f}" if loss is not None else f.DASH),
                  "Accept length", cell(accept))
-    grid.add_row("Tokens/s", cell(f.rate(_float(t, "tokens_per_s"), " tok/s")),
-                 "Steps/s", cell(f.num(_float(t, "steps_per_s"), 2)))
+    grid.add_row("Tokens/s", cell(f.rate(t.tokens_per_s if t is not None else None, " tok/s")),
+                 "Steps/s", cell(f.num(t.steps_per_s if t is not None else None, 2)))
     grid.add_row("Learning rate", cell(f"{lr:.2e}" if lr is not None else f.DASH),
                  "Epoch", cell(epoch))
-    grid.add_row("ETA", cell(f"{f.hours(_float(t, 'eta_hours'))} (elapsed "
-                             f"{f.hours(_float(t, 'elapsed_hours'))})"),
-                 "GPUs", cell(f.num(t.get("world_size"))))
-    grid.add_row("Last checkpoint", cell(str(t.get("last_checkpoint") or f.DASH)), "", "")
-    grid.add_row("Best checkpoint", cell(str(t.get("best_checkpoint") or f.DASH)), "", "")
+    grid.add_row("ETA", cell(f"{f.hours(t.eta_hours if t is not None else None)} (elapsed "
+                             f"{f.hours(t.elapsed_hours if t is not None else None)})"),
+                 "GPUs", cell(f.num(t.world_size if t is not None else None)))
+    last = t.last_checkpoint if t is not None else None
+    best_ckpt = t.best_checkpoint if t is not None else None
+    grid.add_row("Last checkpoint", cell(last or f.DASH), "", "")
+    grid.add_row("Best checkpoint", cell(best_ckpt or f.DASH), "", "")
     return grid
 
 
@@ -96,25 +91,15 @@ TRAIN_GPU_COLUMNS = (("gpu", "GPU", None), ("util", "Util", 5), ("mem", "Memory"
 
 
 def gpu_rows(snap: Snapshot, stale: bool) -> dict[str, Row]:
-    rows: dict[str, Row] = {}
-    items: list[tuple[str, dict[str, Any]]] = []
-    for s in snap.servers:
-        if s.gpu_stats is not None:
-            label = str(s.gpu if s.gpu is not None else s.number)
-            items.append((label, {"util_pct": s.gpu_stats.util_pct,
-                                  "mem_used_mib": s.gpu_stats.mem_used_mib,
-                                  "mem_total_mib": s.gpu_stats.mem_total_mib,
-                                  "temp_c": s.gpu_stats.temp_c,
-                                  "power_w": s.gpu_stats.power_w}))
-    gpus = (snap.train or {}).get("gpus")
-    if isinstance(gpus, list):
-        for i, g in enumerate(gpus):
-            if isinstance(g, dict):
-                items.append((str(g.get("gpu", i)), g))
+    """One row per GPU the snapshot's server rows carry stats for (NVML on the node)."""
+    items: list[tuple[str, GpuStats]] = [
+        (str(s.gpu if s.gpu is not None else s.number), s.gpu_stats)
+        for s in snap.servers if s.gpu_stats is not None]
     dim = "dim italic" if stale else ""
+    rows: dict[str, Row] = {}
     for label, g in items:
-        util, used, total = g.get("util_pct"), g.get("mem_used_mib"), g.get("mem_total_mib")
-        temp, power = g.get("temp_c"), g.get("power_w")
+        util, used, total = g.util_pct, g.mem_used_mib, g.mem_total_mib
+        temp, power = g.temp_c, g.power_w
         mem = f.DASH if used is None else \
             f"{used / 1024:.1f}" + (f"/{total / 1024:.0f}" if total is not None else "") + " GiB"
         rows[label] = (Text(label, style="bold"),
@@ -136,7 +121,7 @@ class TrainPanel(Vertical):
         yield Static(id="train-grid")
         yield Static(id="train-accuracy")
 
-    def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: str,
+    def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: LinkState,
              error: str | None) -> None:
         head = self.query_one("#train-headline", Static)
         if snap is None:
@@ -144,23 +129,23 @@ class TrainPanel(Vertical):
                              style=style(theme, "warn")))
             return
         stale = link != "connected" or age is None or age > 5
-        t = snap.train or {}
+        t = snap.train
         text = headline(snap, theme, age, link)
-        step, total = t.get("step"), t.get("total_steps")
-        if isinstance(step, int):
-            text.append(f"   step {f.num(step)} / {f.num(total)} "
-                        f"({f.pct(step, total)})")
+        if t is not None:
+            text.append(f"   step {f.num(t.step)} / {f.num(t.total_steps)} "
+                        f"({f.pct(t.step, t.total_steps)})")
         head.update(text)
-        if isinstance(step, int) and isinstance(total, int) and total:
-            self.query_one("#train-progress", ProgressBar).update(total=total, progress=step)
+        if t is not None and t.total_steps:
+            self.query_one("#train-progress", ProgressBar).update(total=t.total_steps,
+                                                                  progress=t.step)
         body: list[RenderableType] = [train_grid(t, theme, stale)]
-        if t.get("message") or snap.message:
-            body.append(Text(str(t.get("message") or snap.message), style=style(theme, "warn")))
+        message = (t.message if t is not None else None) or snap.message
+        if message:
+            body.append(Text(message, style=style(theme, "warn")))
         self.query_one("#train-grid", Static).update(Group(*body))
-        acc = t.get("accuracy") or t.get("acc_per_position") or []
         chart: RenderableType = Text("accuracy per block position: not measured yet",
                                      style="dim")
-        if isinstance(acc, list) and acc:
+        if t is not None and t.accuracy:
             chart = Group(Text("Accuracy per block position", style="bold"),
-                          accuracy_chart([float(a) for a in acc], theme))
+                          accuracy_chart(t.accuracy, theme))
         self.query_one("#train-accuracy", Static).update(chart)
