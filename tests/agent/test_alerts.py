@@ -7,7 +7,7 @@ import httpx
 from agents.rundir.schema import DiskStatus, Progress, ServerProgress, ServerStatus
 from agents.rundir.spec import AlertsSection
 from agents.supervise.alerts import AlertBook
-from tests.agent.conftest import agent, wait_status
+from tests.plugins.supervised import agent, wait_status
 
 CFG = AlertsSection(window_s=60, stall_minutes=1, failure_rate=0.05, truncation_rate=0.1,
                     empty_rate=0.05, min_samples=20, disk_hours=6)

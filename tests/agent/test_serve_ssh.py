@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncssh
 
-from tests.agent.conftest import agent, wait_status
+from tests.plugins.supervised import agent, wait_status
 from tests.servers.sshd import SshServer
 
 

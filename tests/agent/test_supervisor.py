@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 
 from agents.supervise.procinfo import alive, start_time
-from tests.agent.conftest import agent, rpc_status, wait_status
 from tests.engine.runs import read_run
+from tests.plugins.supervised import agent, rpc_status, wait_status
 from tests.servers.ports import wait_until
 
 

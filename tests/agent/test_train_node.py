@@ -12,7 +12,7 @@ from pathlib import Path
 from console.artifacts.decommission import pull_node
 from console.fleet import Node
 from console.transport import AgentLink
-from tests.agent.conftest import rpc_status, wait_status
+from tests.plugins.supervised import rpc_status, wait_status
 from tests.servers.ports import wait_until
 from tests.trainer.tinyworld import build_world, word_lines, write_batches, write_spec
 

@@ -18,8 +18,8 @@ import pytest
 
 from agents.supervise.procinfo import alive
 from console.fleet import ConsoleSettings, Fleet, Node
-from tests.agent.conftest import port_block
 from tests.engine.runs import write_prompts
+from tests.plugins.supervised import port_block
 from tests.servers.ports import wait_until
 
 

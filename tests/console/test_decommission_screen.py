@@ -12,12 +12,10 @@ from console.fleet import ConsoleSettings, Fleet, Node
 from console.tui.app import FleetdeckApp
 from console.tui.screens.decommission import DecommissionScreen
 from tests.console.conftest import until
-from tests.engine.conftest import sims  # noqa: F401 - fixture
-from tests.pull.conftest import finished_run  # noqa: F401 - fixture
 from tests.servers.s3 import S3Server
 
 
-async def test_red_items_then_pull_then_all_green(finished_run: Path, tmp_path: Path,  # noqa: F811
+async def test_red_items_then_pull_then_all_green(finished_run: Path, tmp_path: Path,
                                                   s3: S3Server,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in s3.env().items():  # the local agent holds the S3 keys, as a node would

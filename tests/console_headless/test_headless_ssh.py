@@ -19,7 +19,7 @@ import pytest
 from agents.rundir.schema import Snapshot
 from console.fleet import Node
 from console.transport import AgentLink
-from tests.agent.conftest import agent, supervised, wait_status  # noqa: F401 - fixture
+from tests.plugins.supervised import agent, wait_status
 from tests.servers.ports import free_ports
 from tests.servers.sshd import SshServer, start_sshd
 
@@ -41,7 +41,7 @@ def fleetdeck(fleet: Path, *args: str, timeout: float = 90) -> subprocess.Comple
 
 
 @pytest.fixture
-def running(supervised) -> Any:  # noqa: F811 - the fixture imported above
+def running(supervised) -> Any:
     run = supervised(1, prompts=4000, sim_args="--time-scale 0.5", concurrency_per_server=4)
     assert agent("up", str(run.spec)).returncode == 0
     wait_status(run.run_dir, lambda s: s["status"] == "running", 60, "running")
@@ -76,7 +76,7 @@ def test_status_over_ssh_validates_and_never_imports_textual(sshd: SshServer, ru
     assert fleetdeck(fleet, "--read-only", "stop", "gen-1", "--yes").returncode == 2
 
 
-def test_exit_on_alert(sshd: SshServer, supervised, tmp_path: Path) -> None:  # noqa: F811
+def test_exit_on_alert(sshd: SshServer, supervised, tmp_path: Path) -> None:
     run = supervised(1, prompts=3000, sim_args="--time-scale 0.3 --max-running-requests 2",
                      concurrency_per_server=6)
     assert agent("up", str(run.spec)).returncode == 0

@@ -1,4 +1,5 @@
-"""Supervised runs for agent tests: simulated GPU servers launched by the real supervisor."""
+"""`supervised`: runs under the real supervisor with simulated GPU servers, and the helpers that
+drive `fleetdeck-agent` for them (agent, rpc_status, wait_status, port_block)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fixtures for engine tests: simulated SGLang servers as real processes."""
+"""`sims`: simulated SGLang servers as real processes, started on demand by a test."""
 
 from __future__ import annotations
 

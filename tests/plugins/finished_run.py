@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import sims  # noqa: F401 - fixture
 from tests.engine.runs import start_engine, write_prompts, write_spec
 from tests.servers.s3 import S3Server
 
 
 @pytest.fixture
-def finished_run(tmp_path: Path, sims, s3: S3Server) -> Path:  # noqa: F811
+def finished_run(tmp_path: Path, sims, s3: S3Server) -> Path:
     sim = sims()
     prompts = tmp_path / "prompts.jsonl"
     write_prompts(prompts, 300)

@@ -1,0 +1,1 @@
+"""Fixtures shared across test folders, registered once by tests/conftest.py (pytest_plugins)."""
