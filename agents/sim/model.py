@@ -218,9 +218,15 @@ class SimModel:
                 continue
             now = self.clock()
             dt, last = now - last, now
-            self._admit(now)
-            until_next = self._advance(dt, now)
+            until_next = self.tick(dt)
             await asyncio.sleep(min(_TICK_S, max(_MIN_TICK_S, until_next)))
+
+    def tick(self, dt: float) -> float:
+        """One scheduler step at the clock's time, dt wall seconds after the last: admit from
+        the queue, move the batch on; returns wall seconds to the next finish."""
+        now = self.clock()
+        self._admit(now)
+        return self._advance(dt, now)
 
     def _admit(self, now: float) -> None:
         cfg = self.cfg
