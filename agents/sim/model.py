@@ -256,7 +256,8 @@ class SimModel:
         win.used_tokens = max(win.used_tokens, self.used_tokens())
         for r in list(self.running):
             # admitted since the last tick: only the time since its admission counts
-            left = min(sim_dt, (now - (r.admitted or now)) * speed)
+            admitted = r.admitted if r.admitted is not None else now
+            left = min(sim_dt, (now - admitted) * speed)
             if r.prefill_left > 0:
                 used = min(r.prefill_left, left)
                 r.prefill_left -= used
