@@ -86,23 +86,25 @@ class ControlMethods:
                 c.retry, what, getattr(c.retry, what) + 1))
 
         async def logs(p: dict[str, Any]) -> Any:
-            name = str(p.get("name", "generate"))
+            name = p.get("name", "generate")
+            if not isinstance(name, str):
+                raise RpcError(INVALID_PARAMS, f"name must be a log name, got {name!r}")
             n = min(_int({"n": p.get("n", 100)}, "n"), MAX_LOG_LINES)
             before = p.get("before")
-            try:
-                path = log_path(self.run_dir, name)
-            except OutsideRunDir as exc:
-                raise RpcError(REFUSED, str(exc)) from None
-            return tail(path, n, before if isinstance(before, int) else None)
+            # Off the loop: a slow disk (or anything odd in logs/) never stalls other sessions.
+            return await asyncio.to_thread(_read_log, self.run_dir, name, n,
+                                           before if isinstance(before, int) else None)
 
         async def samples(p: dict[str, Any]) -> Any:
             n = min(_int({"n": p.get("n", 10)}, "n"), 200)
-            return {"samples": recent_samples(self.run_dir, n)}
+            return {"samples": await asyncio.to_thread(recent_samples, self.run_dir, n)}
 
         async def history_(p: dict[str, Any]) -> Any:
-            since = float(p.get("since", 0.0))
+            since = p.get("since", 0.0)
+            if not isinstance(since, (int, float)) or isinstance(since, bool):
+                raise RpcError(INVALID_PARAMS, f"since must be a number, got {since!r}")
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
-            return history(self.run_dir, since, limit)
+            return await asyncio.to_thread(history, self.run_dir, float(since), limit)
 
         async def manifest(p: dict[str, Any]) -> Any:
             offset = _int({"offset": p.get("offset", 0)}, "offset")
@@ -126,3 +128,14 @@ class ControlMethods:
         return {"pause": pause, "unpause": unpause, "resize": resize, "max_tokens": max_tokens,
                 "retry": retry, "logs": logs, "samples": samples, "history": history_,
                 "manifest": manifest, "verify": verify}
+
+
+def _read_log(run_dir: Path, name: str, n: int, before: int | None) -> dict[str, Any]:
+    """A log's tail by name; refused (never read) when the name is a path or the file is a
+    symlink, a FIFO or anything but a regular file."""
+    try:
+        return tail(log_path(run_dir, name), n, before)
+    except OutsideRunDir as exc:
+        raise RpcError(REFUSED, str(exc)) from None
+    except OSError as exc:
+        raise RpcError(REFUSED, f"{name}: {exc.strerror or exc}; refused") from None

@@ -51,12 +51,58 @@ def notification(method: str, params: Any) -> bytes:
     return encode({"jsonrpc": "2.0", "method": method, "params": params})
 
 
+class RequestUnreadable(ValueError):
+    """A request line that cannot be read: not JSON, or nested past MAX_DEPTH."""
+
+
+# No request of ours nests deeper than a few levels; deeper is hostile (and would exhaust the
+# decoder's recursion: a RecursionError, which once killed `serve --stdio`).
+MAX_DEPTH = 64
+
+
+def _too_deep(line: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Brackets nested past `limit` outside strings: a cheap scan before decoding."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False
+    depth = 0
+    in_string = escaped = False
+    for byte in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return True
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return False
+
+
+def decode_request(line: bytes) -> Any:
+    """One request line as JSON, or RequestUnreadable naming why not."""
+    if _too_deep(line):
+        raise RequestUnreadable(f"not accepted: JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return msgspec.json.decode(line)
+    except msgspec.DecodeError as exc:
+        raise RequestUnreadable(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise RequestUnreadable("not accepted: JSON nested too deep") from None
+
+
 async def dispatch_line(line: bytes, methods: dict[str, Handler]) -> bytes | None:
     """Answer one request line; None for a notification (no id). Never raises."""
     try:
-        req = msgspec.json.decode(line)
-    except msgspec.DecodeError as exc:
-        return error_reply(None, PARSE_ERROR, f"not JSON: {exc}")
+        req = decode_request(line)
+    except RequestUnreadable as exc:
+        return error_reply(None, PARSE_ERROR, str(exc))
     if not isinstance(req, dict) or req.get("jsonrpc") != "2.0" or \
             not isinstance(req.get("method"), str):
         return error_reply(req.get("id") if isinstance(req, dict) else None, INVALID_REQUEST,

@@ -17,11 +17,15 @@ import msgspec
 
 from agents.rpc.methods import ControlMethods, check_hello
 from agents.rpc.protocol import (
+    INTERNAL_ERROR,
     NOT_RUNNING,
+    PARSE_ERROR,
     REFUSED,
     STREAM_LIMIT,
+    RequestUnreadable,
     RpcClient,
     RpcError,
+    decode_request,
     dispatch_line,
     encode,
     error_reply,
@@ -34,14 +38,28 @@ from agents.supervise.snapshot import from_disk
 
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
 
+# What a `--read-only` session answers: looking only. Everything else (launch, resume, stop,
+# down, restart_server, pause, unpause, resize, max_tokens, retry, manifest, whose hash cache
+# is written, and any method added later) is refused before it reaches a supervisor.
+READ_ONLY_METHODS = frozenset({"hello", "status", "subscribe", "unsubscribe", "logs", "samples",
+                               "history", "verify"})
+
+
+def _read_only_refusal(method: str, run_dir: Path) -> str:
+    shown = method if method.isprintable() and len(method) <= 64 else repr(method[:64])
+    return (f"{shown}: refused, this is a read-only session on {run_dir} (it may use "
+            f"{', '.join(sorted(READ_ONLY_METHODS))}); changes need a normal key")
+
 
 class StdioSession:
-    def __init__(self, run_dir: Path, out: asyncio.StreamWriter) -> None:
+    def __init__(self, run_dir: Path, out: asyncio.StreamWriter, read_only: bool = False,
+                 who: str | None = None) -> None:
         self.run_dir = run_dir.resolve()
         self.out = out
+        self.read_only = read_only
         self.upstream: RpcClient | None = None
         self.subscribed = False
-        self.who = local_who()
+        self.who = who or local_who()
         self.local = ControlMethods(self.run_dir)
         self._pump: asyncio.Task[None] | None = None
         self._push: asyncio.Task[None] | None = None
@@ -89,20 +107,33 @@ class StdioSession:
 
     async def handle(self, line: bytes) -> None:
         try:
-            req = msgspec.json.decode(line)
-        except msgspec.DecodeError:
-            req = None
-        if isinstance(req, dict) and isinstance(req.get("params", {}), dict):
-            params = req.setdefault("params", {})
-            if isinstance(params, dict):
-                params.setdefault("who", self.who)
-            if req.get("method") == "subscribe":
-                self.subscribed = True
-            if await self.attach():
-                await self._forward(req)
+            req = decode_request(line)
+        except RequestUnreadable as exc:
+            await self._reply(error_reply(None, PARSE_ERROR, str(exc)))
+            return
+        if isinstance(req, dict):
+            if req.get("params") is None:
+                req["params"] = {}
+            params = req["params"]
+            method = req.get("method")
+            if self.read_only and isinstance(method, str) and method not in READ_ONLY_METHODS:
+                if "id" in req:
+                    await self._reply(error_reply(req.get("id"), REFUSED, _read_only_refusal(
+                        method, self.run_dir)))
                 return
+            if isinstance(params, dict):
+                # Who acted is the node's to say (the forced command's --who, else this
+                # account and the SSH client's address): a client's own claim never counts.
+                params["who"] = self.who
+                if method == "subscribe":
+                    self.subscribed = True
+                if await self.attach():
+                    await self._forward(req)
+                    return
             line = encode(req)
-        reply = await dispatch_line(line, self.methods())
+        await self._reply(await dispatch_line(line, self.methods()))
+
+    async def _reply(self, reply: bytes | None) -> None:
         if reply is not None:
             self.out.write(reply)
             await self.out.drain()
@@ -174,14 +205,14 @@ class StdioSession:
             await self.out.drain()
 
 
-async def serve_stdio(run_dir: Path) -> int:
+async def serve_stdio(run_dir: Path, read_only: bool = False, who: str | None = None) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=STREAM_LIMIT)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                         sys.stdout)
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-    session = StdioSession(run_dir, writer)
+    session = StdioSession(run_dir, writer, read_only=read_only, who=who)
     while True:
         try:
             line = await reader.readline()
@@ -193,7 +224,13 @@ async def serve_stdio(run_dir: Path) -> int:
             break
         if not line.strip():
             continue
-        await session.handle(line)
+        try:
+            await session.handle(line)
+        except (ConnectionError, BrokenPipeError):
+            break
+        except Exception as exc:  # one bad request never ends the session
+            writer.write(error_reply(None, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
+            await writer.drain()
     if session.upstream is not None:
         await session.upstream.close()
     return 0

@@ -7,6 +7,7 @@ each component checked with lstat (a symlink is never followed, even one pointin
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -43,23 +44,86 @@ def confined(run_dir: Path, relative: str) -> Path:
     return path
 
 
+LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
+
+
+def known_logs(run_dir: Path) -> list[str]:
+    """The names `logs` answers for: the regular `*.log` files directly in RUN_DIR/logs."""
+    try:
+        entries = list(os.scandir(run_dir / "logs"))
+    except OSError:
+        return []
+    names = []
+    for entry in entries:
+        if entry.name.endswith(".log") and LOG_NAME.fullmatch(entry.name) and \
+                entry.is_file(follow_symlinks=False):
+            names.append(entry.name[:-4])
+    return sorted(names)
+
+
+def _known_text(run_dir: Path) -> str:
+    names = known_logs(run_dir)
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return f"known logs: {shown}" if names else "the run has no logs yet"
+
+
 def log_path(run_dir: Path, name: str) -> Path:
-    """A log by short name (`generate`, `sglang_gpu3`, `supervisor`) or a relative path."""
-    if "/" not in name and not name.endswith(".log"):
-        name = f"logs/{name}.log"
-    elif "/" not in name:
-        name = f"logs/{name}"
-    return confined(run_dir, name)
+    """RUN_DIR/logs/NAME.log for a log *name* (`generate`, `sglang_gpu3`, `supervisor`, or
+    `generate.log`): never a path. The file must be a regular file, not a symlink."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise OutsideRunDir(f"{name!r} is not a log name")
+    if name.startswith("/"):
+        raise OutsideRunDir(f"{name}: absolute paths are refused; give a log name "
+                            f"({_known_text(run_dir)})")
+    if ".." in name.split("/"):
+        raise OutsideRunDir(f"{name}: '..' is refused; give a log name ({_known_text(run_dir)})")
+    if "/" in name or not LOG_NAME.fullmatch(name):
+        raise OutsideRunDir(f"{name!r} is not a log name: a path is refused "
+                            f"({_known_text(run_dir)})")
+    stem = name[:-4] if name.endswith(".log") else name
+    path = run_dir / "logs" / f"{stem}.log"
+    try:
+        logs_st = os.lstat(run_dir / "logs")
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise OutsideRunDir(f"{name}: no such log in {run_dir / 'logs'} "
+                            f"({_known_text(run_dir)})") from None
+    if stat.S_ISLNK(logs_st.st_mode) or stat.S_ISLNK(st.st_mode):
+        raise OutsideRunDir(f"{name}: {path} is a symbolic link; refused")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutsideRunDir(f"{name}: {path} is not a regular file; refused")
+    return path
+
+
+class NotRegular(OSError):
+    """A file that is not a plain file (a FIFO, a device, a socket): never read."""
+
+
+def open_regular(path: Path) -> int:
+    """A descriptor on a regular file, opened without following a final symlink and without
+    blocking (a FIFO would block an open for reading until a writer comes)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(f"{path}: not a regular file; refused")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def tail(path: Path, lines: int = 100, before: int | None = None) -> dict[str, Any]:
-    """The last `lines` lines ending before byte offset `before` (pagination backwards)."""
-    size = path.stat().st_size
-    end = size if before is None else max(0, min(before, size))
-    start = max(0, end - MAX_TAIL_BYTES)
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = f.read(end - start)
+    """The last `lines` lines ending before byte offset `before` (pagination backwards).
+    Only a regular file is read (see open_regular); at most MAX_TAIL_BYTES of it."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        end = size if before is None else max(0, min(before, size))
+        start = max(0, end - MAX_TAIL_BYTES)
+        data = os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
     base = start
     if start > 0:  # drop the partial first line
         cut = data.find(b"\n") + 1
@@ -102,9 +166,13 @@ def sample_view(line: _Sample, head: int = 400) -> dict[str, Any]:
 
 
 def recent_samples(run_dir: Path, n: int = 10) -> list[dict[str, Any]]:
-    """The last n completions on disk: the open batch first, then the newest closed ones."""
+    """The last n completions on disk: the open batch first, then the newest closed ones.
+    Symlinks (the completions folder or a batch) and non-regular files are passed over."""
     comp = run_dir / "completions"
-    if not comp.is_dir():
+    try:
+        if not stat.S_ISDIR(os.lstat(comp).st_mode):
+            return []
+    except OSError:
         return []
     files = batch_files(comp)[::-1]
     out: list[dict[str, Any]] = []
@@ -114,31 +182,49 @@ def recent_samples(run_dir: Path, n: int = 10) -> list[dict[str, Any]]:
         try:
             got = tail(path, n - len(out))["lines"]
         except OSError:
-            continue
+            continue  # a symlink, a FIFO, unreadable: never read
         for raw in reversed(got):
             try:
                 out.append(sample_view(_sample_decoder.decode(raw)))
-            except msgspec.DecodeError:
-                continue  # a torn line at the end of the open batch
+            except (msgspec.DecodeError, RecursionError):
+                continue  # a torn line at the end of the open batch, or a hostile one
     return out[:n]
 
 
 def history(run_dir: Path, since: float = 0.0, limit: int = 1000) -> dict[str, Any]:
-    """Status samples from history.jsonl after `since`, oldest first, `limit` at a time."""
+    """Status samples from history.jsonl after `since`, oldest first, `limit` at a time.
+    A line that is not a JSON object with a numeric `updated_at` is skipped and counted
+    (`bad_lines`); a history.jsonl that is a symlink or not a regular file is not read
+    (`refused` says why)."""
     path = run_dir / "history.jsonl"
     items: list[Any] = []
     more = False
-    if path.exists():
-        with open(path, "rb") as f:
-            for raw in f:
-                try:
-                    obj = msgspec.json.decode(raw)
-                except msgspec.DecodeError:
-                    continue
-                if obj.get("updated_at", 0) <= since:
-                    continue
-                if len(items) >= limit:
-                    more = True
-                    break
-                items.append(obj)
-    return {"items": items, "more": more}
+    bad = 0
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return {"items": items, "more": more, "bad_lines": 0}
+    except OSError as exc:
+        reason = str(exc) if isinstance(exc, NotRegular) else \
+            f"{path}: {'a symbolic link' if os.path.islink(path) else exc.strerror}; refused"
+        return {"items": items, "more": more, "bad_lines": 0, "refused": reason}
+    with os.fdopen(fd, "rb") as f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                obj = msgspec.json.decode(raw)
+            except (msgspec.DecodeError, RecursionError):
+                bad += 1
+                continue
+            at = obj.get("updated_at") if isinstance(obj, dict) else None
+            if not isinstance(at, (int, float)) or isinstance(at, bool):
+                bad += 1
+                continue
+            if at <= since:
+                continue
+            if len(items) >= limit:
+                more = True
+                break
+            items.append(obj)
+    return {"items": items, "more": more, "bad_lines": bad}

@@ -4,8 +4,8 @@ read by the engine. Every change is also appended to control.log.jsonl (the audi
 from __future__ import annotations
 
 import fcntl
-import getpass
 import os
+import pwd
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -55,9 +55,14 @@ def control_lock(run_dir: Path) -> Iterator[None]:
 
 
 def who() -> str:
-    """The person behind a control call: SSH user and client address when known."""
-    user = os.environ.get("USER") or getpass.getuser()
-    client = os.environ.get("SSH_CLIENT", "").split(" ")[0]
+    """The person behind a control call, as the node knows it: this account and the SSH
+    client's address (SSH_CONNECTION, set by sshd) when known, else this host."""
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name  # the account, not an environment variable
+    except KeyError:
+        user = str(os.getuid())
+    conn = os.environ.get("SSH_CONNECTION") or os.environ.get("SSH_CLIENT") or ""
+    client = conn.split(" ")[0]
     return f"{user}@{client}" if client else f"{user}@{socket.gethostname()}"
 
 
