@@ -58,6 +58,16 @@ class SshServer:
     def log_text(self) -> str:
         return (self.folder / "sshd.log").read_text(errors="replace")
 
+    def add_key(self, name: str, options: str = "") -> Path:
+        """A new client key, authorized with an options prefix (for example
+        `command="...",restrict`: a forced command); returns its private key file."""
+        key = self.folder / f"id_{name}"
+        _keygen(key, f"fleetdeck-test-{name}")
+        line = key.with_suffix(".pub").read_text().strip()
+        with open(self.folder / "authorized_keys", "a") as f:
+            f.write(f"{options} {line}\n" if options else f"{line}\n")
+        return key
+
 
 def start_sshd(folder: Path) -> SshServer:
     if not os.path.exists(SSHD):
