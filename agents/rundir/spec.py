@@ -185,6 +185,7 @@ def _check(spec: RunSpec, path: Path) -> None:
     def fail(key: str, reason: str) -> None:
         raise SpecError(f"{path}: {key}: {reason}")
 
+    _check_servers(spec.servers, fail)
     if spec.run.kind == "generate":
         gen = spec.generate
         if gen is None:
@@ -273,6 +274,25 @@ def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
             fail("[train] target_layer_ids", f"must be distinct, increasing and >= 0, got {ids}")
     if train.data.startswith("s3://") and not re.match(r"^s3://[^/]+", train.data):
         fail("[train] data", f"{train.data!r} names no bucket (s3://bucket/prefix)")
+
+
+def _check_servers(servers: ServersSection, fail: Callable[[str, str], None]) -> None:
+    """What reaches a shell or a process environment: the command template, env keys and
+    values, the model name."""
+    from agents.rundir.template import ENV_KEY, template_problem
+
+    if servers.command is not None:
+        problem = template_problem(servers.command)
+        if problem is not None:
+            fail("[servers] command", problem)
+    for key, value in servers.env.items():
+        if not ENV_KEY.fullmatch(key):
+            fail(f"[servers] env {key!r}", "not an environment variable name (letters, digits "
+                 "and _, not starting with a digit)")
+        if "\x00" in value:
+            fail(f"[servers] env {key}", "the value contains a NUL character")
+    if servers.model is not None and "\x00" in servers.model:
+        fail("[servers] model", "contains a NUL character")
 
 
 def load_run_spec(run_dir: Path) -> RunSpec:

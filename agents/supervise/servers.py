@@ -25,6 +25,7 @@ import msgspec
 
 from agents.rundir.atomic import atomic_write
 from agents.rundir.spec import RunSpec
+from agents.rundir.template import render
 from agents.supervise.procinfo import kill_group, same_process, start_time
 from agents.supervise.sglang_metrics import (
     ServerFigures,
@@ -125,12 +126,9 @@ class ServerSet:
     # -- launch and adoption ----------------------------------------------------------------
 
     def command_for(self, server: ManagedServer) -> str:
-        template = self.cfg.command or ""
-        try:
-            return template.format(model=self.cfg.model or "", port=server.port, gpu=server.gpu)
-        except (KeyError, IndexError) as exc:
-            raise ValueError(f"[servers] command: unknown placeholder {exc} in {template!r} "
-                             "(use {model} {port} {gpu})") from None
+        """The command line for one server, every substituted value shell-quoted (the
+        template itself was checked at spec load: known placeholders, none inside quotes)."""
+        return render(self.cfg.command or "", self.cfg.model or "", server.port, server.gpu)
 
     def launch(self, server: ManagedServer) -> None:
         """Start the server: a launch script with the exact command and environment, output
