@@ -1,7 +1,9 @@
 """The fleetdeck TUI: one AgentLink per node in its own named worker, snapshots applied to
 FleetState as they arrive, and the screen redrawn from that state a few times a second (one
 slow or dead node never stalls the others or the screen). Keys come from the action registry
-(binding ids = RPC method names), remappable from the fleet file's [console.keymap]."""
+(binding ids = RPC method names), remappable from the fleet file's [console.keymap] like every
+screen's and modal's (console/tui/keymap.py). Handlers and the palette see the app through
+the narrow ports of console/tui/port.py."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from textual import on
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
-from textual.screen import Screen
+from textual.screen import ModalScreen, Screen
 from textual.worker import Worker, WorkerState
 
 from agents.rpc.protocol import RpcError
@@ -26,7 +28,8 @@ from console.linkstate import LinkState
 from console.state import FleetState
 from console.transport import AgentLink, HostKeyProblem, accept_host_key
 from console.tui.fetched import Fetched
-from console.tui.handlers import Controls
+from console.tui.handlers import NAVIGATION, Controls
+from console.tui.keymap import binding_ids, resolve
 from console.tui.messages import (
     ActionReport,
     HistoryFetched,
@@ -35,10 +38,15 @@ from console.tui.messages import (
     SamplesFetched,
 )
 from console.tui.palette import ActionCommands
+from console.tui.port import AnswerT
 from console.tui.screens.base import View, ViewContext
+from console.tui.screens.decommission import DecommissionScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.node import GenerateScreen, NodeView, TrainScreen
+from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
 from console.tui.widgets.hostkey import HostKeyModal
+from console.tui.widgets.prompt import ValueModal
+from console.tui.widgets.retry import RetryModal
 from themes import stylesheet
 from themes.palette import DEFAULT_THEME, NAMES, THEMES
 
@@ -129,15 +137,11 @@ class FleetdeckApp(App[int]):
             self.set_timer(self.exit_after, lambda: self.exit(0))
 
     def _apply_keymap(self) -> None:
-        keymap = dict(self.settings.keymap)
-        unknown = sorted(k for k in keymap if k not in BY_ID and k not in ("quit", "back"))
-        if unknown:
-            self.notify(f"{self.fleet.source}: [console.keymap] has no action "
-                        f"{', '.join(unknown)}; actions: {', '.join(BY_ID)}",
-                        severity="warning", timeout=15)
-        keymap = {k: v for k, v in keymap.items() if k not in unknown}
-        self._keys.update(keymap)
-        self.set_keymap(keymap)
+        keymap = resolve(self.settings.keymap, binding_ids(KEYMAP_OWNERS), self.fleet.source)
+        for warning in keymap.warnings:
+            self.notify(warning, severity="warning", timeout=15)
+        self._keys.update(keymap.keys)
+        self.set_keymap(keymap.keys)
 
     def key_for(self, action_id: str) -> str:
         return self._keys.get(action_id, "")
@@ -233,12 +237,15 @@ class FleetdeckApp(App[int]):
         self.run_worker(accept(), name=f"hostkey-{node.name}", group=f"hostkey-{node.name}",
                         exclusive=True, exit_on_error=False)
 
+    def connected_link(self, name: str) -> AgentLink | None:
+        link = self.links.get(name)
+        return link if link is not None and self.state.nodes[name].link == "connected" else None
+
     async def call_node(self, name: str, method: str, params: dict[str, Any],
                         timeout: float = 60.0) -> Any:
-        link = self.links.get(name)
-        state = self.state.nodes[name].link
-        if link is None or state != "connected":
-            raise ConnectionError(f"{name} is not connected ({state})")
+        link = self.connected_link(name)
+        if link is None:
+            raise ConnectionError(f"{name} is not connected ({self.state.nodes[name].link})")
         return await link.call(method, params, timeout=timeout)
 
     # -- alerts -----------------------------------------------------------------------------
@@ -320,6 +327,13 @@ class FleetdeckApp(App[int]):
                             group=f"history-{name}", exclusive=True, exit_on_error=False)
         return new
 
+    async def ask(self, modal: ModalScreen[AnswerT]) -> AnswerT:
+        answer: AnswerT = await self.push_screen_wait(modal)
+        return answer
+
+    async def open_screen(self, screen: Screen[Any]) -> None:
+        await self.push_screen(screen)
+
     def show_fleet(self) -> None:
         while len(self.screen_stack) > 1 and isinstance(self.screen, View):
             self.pop_screen()
@@ -387,6 +401,14 @@ class FleetdeckApp(App[int]):
         a = BY_ID.get(action_id)
         if a is None or (self.read_only and a.dangerous):
             return
+        if action_id in NAVIGATION:
+            await self.navigate(action_id)
+        else:
+            self.run_worker(self.controls.run(action_id), name=f"action-{action_id}",
+                            group="actions", exit_on_error=False)
+
+    async def navigate(self, action_id: str) -> None:
+        """The registry actions that change what is shown (handlers.NAVIGATION)."""
         if action_id == "fleet":
             self.show_fleet()
         elif action_id == "next_node":
@@ -397,8 +419,14 @@ class FleetdeckApp(App[int]):
             self.theme = names[i % len(names)]
             self.notify(f"theme {self.theme}", timeout=2)
         else:
-            self.run_worker(self.controls.run(action_id), name=f"action-{action_id}",
-                            group="actions", exit_on_error=False)
+            raise ValueError(f"{action_id!r} is not a navigation action ({sorted(NAVIGATION)})")
+
+    async def perform(self, action_id: str) -> None:
+        """A registry action from the palette: the same path as its key."""
+        await self.run_action(f"do('{action_id}')")
+
+    def use_theme(self, name: str) -> None:
+        self.theme = name
 
     async def _next_node(self) -> None:
         names = self.state.names()
@@ -410,3 +438,8 @@ class FleetdeckApp(App[int]):
         else:
             name = current or names[0]
         await self.show_node(name)
+
+
+# Every class whose bindings the keymap may move: the app, its screens and its modals.
+KEYMAP_OWNERS = (FleetdeckApp, FleetScreen, GenerateScreen, TrainScreen, DecommissionScreen,
+                 ConfirmModal, HostKeyModal, ChoiceModal, RetryModal, ValueModal)

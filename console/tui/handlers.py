@@ -1,62 +1,67 @@
 """What each action of the registry does in the TUI: ask (confirm, a value, a choice) when it
 must, call the node, and report the agent's answer or error as a notification. One method per
-action id; they run in workers, so a slow node never blocks the screen."""
+action id (the app handles the navigation ones: NAVIGATION); they run in workers, so a slow
+node never blocks the screen. They reach the app only through ActionPort."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
 from console.tui.fetched import log_names
 from console.tui.messages import LogFetched, SamplesFetched
+from console.tui.port import ActionPort
+from console.tui.screens.decommission import DecommissionScreen
 from console.tui.screens.node import GenerateScreen, NodeView
 from console.tui.widgets import figures as f
-from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
+from console.tui.widgets.confirm import ConfirmModal
 from console.tui.widgets.prompt import ValueAnswer, ValueModal
-
-if TYPE_CHECKING:
-    from console.tui.app import FleetdeckApp
+from console.tui.widgets.retry import RetryModal
 
 PENDING_S = 5.0  # how long a sent concurrency wins over snapshots that have not caught up
 LOG_LINES = 300
 SAMPLES = 12
 
 
+# Registry actions the app itself handles (they change what is shown, and need no node).
+NAVIGATION = frozenset({"fleet", "next_node", "theme"})
+
+
 class Controls:
-    def __init__(self, app: FleetdeckApp) -> None:
-        self.app = app
+    def __init__(self, port: ActionPort) -> None:
+        self.port = port
         self._pending_concurrency: dict[str, tuple[int, float]] = {}
 
     async def run(self, action_id: str) -> None:
-        node = self.app.current_node()
+        node = self.port.current_node()
         if node is None:
-            self.app.notify("no node selected", severity="warning")
+            self.port.notify("no node selected", severity="warning")
             return
         await getattr(self, action_id)(node)
 
     # -- helpers ----------------------------------------------------------------------------
 
     def progress(self, node: str) -> Progress | None:
-        snap = self.app.state.nodes[node].snapshot
+        snap = self.port.state.nodes[node].snapshot
         return snap.progress if snap is not None else None
 
     async def confirm(self, question: str, detail: str | None = None) -> bool:
-        answer: bool = await self.app.push_screen_wait(ConfirmModal(question, detail))
-        return answer
+        return await self.port.ask(ConfirmModal(question, detail))
 
     async def call(self, node: str, method: str, params: dict[str, Any] | None = None,
                    timeout: float = 60.0) -> Any:
         """The agent's reply, or None after notifying its error."""
         title = BY_ID[method].title if method in BY_ID else method
         try:
-            return await self.app.call_node(node, method, params or {}, timeout)
+            return await self.port.call_node(node, method, params or {}, timeout)
         except RpcError as exc:
-            self.app.report(node, f"{title} refused: {exc.message}", ok=False)
+            self.port.report(node, f"{title} refused: {exc.message}", ok=False)
         except (ConnectionError, TimeoutError, OSError) as exc:
-            self.app.report(node, f"{title} failed: {exc}", ok=False)
+            self.port.report(node, f"{title} failed: {exc}", ok=False)
         return None
 
     async def simple(self, node: str, method: str, done: str,
@@ -64,7 +69,7 @@ class Controls:
         reply = await self.call(node, method, params)
         if reply is not None:
             rev = reply.get("rev") if isinstance(reply, dict) else None
-            self.app.report(node, done + (f" (control rev {rev})" if rev is not None else ""))
+            self.port.report(node, done + (f" (control rev {rev})" if rev is not None else ""))
         return reply
 
     # -- run control ------------------------------------------------------------------------
@@ -80,11 +85,11 @@ class Controls:
         if reply is not None:
             msg = reply.get("message") or reply.get("status") if isinstance(reply, dict) \
                 else reply
-            self.app.report(node, f"resume: {msg}")
+            self.port.report(node, f"resume: {msg}")
 
     async def launch(self, node: str) -> None:
-        spec = self.app.fleet.node(node).spec
-        snap = self.app.state.nodes[node].snapshot
+        spec = self.port.fleet.node(node).spec
+        snap = self.port.state.nodes[node].snapshot
         live = snap is not None and snap.status in ("running", "paused", "draining", "starting")
         detail = (f"A run is live on {node} ({snap.run}, {snap.status}); launch resumes it."
                   if live and snap is not None else
@@ -95,7 +100,7 @@ class Controls:
         reply = await self.call(node, "launch", {"spec": spec} if spec else {}, timeout=180)
         if reply is not None:
             status = reply.get("status", reply) if isinstance(reply, dict) else reply
-            self.app.report(node, f"launch: {status}")
+            self.port.report(node, f"launch: {status}")
 
     async def stop(self, node: str) -> None:
         if not await self.confirm(f"Stop the job on {node}?",
@@ -104,7 +109,7 @@ class Controls:
             return
         reply = await self.call(node, "stop", {"servers": False}, timeout=120)
         if reply is not None:
-            self.app.report(node, f"stop: {reply.get('status', reply)}")
+            self.port.report(node, f"stop: {reply.get('status', reply)}")
 
     async def down(self, node: str) -> None:
         if not await self.confirm(f"Take {node} down?",
@@ -113,13 +118,13 @@ class Controls:
             return
         reply = await self.call(node, "down", timeout=120)
         if reply is not None:
-            self.app.report(node, f"down: {reply.get('status', reply)}")
+            self.port.report(node, f"down: {reply.get('status', reply)}")
 
     async def restart_server(self, node: str) -> None:
-        screen = self.app.screen
+        screen = self.port.screen
         chosen = screen.selected_server() if isinstance(screen, GenerateScreen) else None
         if chosen is None:
-            self.app.notify("open the node (enter) and select the server's row first",
+            self.port.notify("open the node (enter) and select the server's row first",
                             severity="warning")
             return
         number, gpu = chosen
@@ -129,7 +134,7 @@ class Controls:
             return
         reply = await self.call(node, "restart_server", {"server": number}, timeout=120)
         if reply is not None:
-            self.app.report(node, f"restarting {where}: {reply.get('state', reply)}")
+            self.port.report(node, f"restarting {where}: {reply.get('state', reply)}")
 
     # -- live settings ----------------------------------------------------------------------
 
@@ -157,10 +162,10 @@ class Controls:
 
     async def resize(self, node: str) -> None:
         current = self.concurrency(node)
-        screen = self.app.screen
+        screen = self.port.screen
         chosen = screen.selected_server() if isinstance(screen, GenerateScreen) else None
         note = f"now {current if current is not None else f.DASH} requests in flight per server"
-        answer = await self.app.push_screen_wait(ValueModal(
+        answer = await self.port.ask(ValueModal(
             f"Concurrency on {node}", note, current, minimum=0,
             server=chosen[0] if chosen else None))
         if isinstance(answer, ValueAnswer):
@@ -169,17 +174,17 @@ class Controls:
     async def resize_up(self, node: str) -> None:
         current = self.concurrency(node)
         if current is None:
-            self.app.notify(f"{node}: no concurrency known yet", severity="warning")
+            self.port.notify(f"{node}: no concurrency known yet", severity="warning")
             return
         await self._resize(node, current + 1, None)
 
     async def resize_down(self, node: str) -> None:
         current = self.concurrency(node)
         if current is None:
-            self.app.notify(f"{node}: no concurrency known yet", severity="warning")
+            self.port.notify(f"{node}: no concurrency known yet", severity="warning")
             return
         if current <= 1:
-            self.app.notify(f"{node}: concurrency is {current}; pause to stop sending",
+            self.port.notify(f"{node}: concurrency is {current}; pause to stop sending",
                             severity="warning")
             return
         await self._resize(node, current - 1, None)
@@ -190,7 +195,7 @@ class Controls:
         if p is not None:
             note = (f"now {f.num(p.max_tokens)} · truncated {f.pct(p.truncated, p.completed)} "
                     f"({f.num(p.truncated)} of {f.num(p.completed)} completions)")
-        answer = await self.app.push_screen_wait(ValueModal(
+        answer = await self.port.ask(ValueModal(
             f"Max tokens for new requests on {node}", note,
             p.max_tokens if p is not None else None, minimum=1))
         if isinstance(answer, ValueAnswer):
@@ -201,49 +206,47 @@ class Controls:
         p = self.progress(node)
         detail = (f"failed now {f.num(p.failed)}, truncated {f.num(p.truncated)}"
                   if p is not None else None)
-        what = await self.app.push_screen_wait(ChoiceModal(
-            f"Retry which indices on {node}?",
-            [("f", "failed", "failed"), ("t", "truncated", "truncated")], detail))
+        what = await self.port.ask(RetryModal(node, detail))
         if what:
             await self.simple(node, "retry", f"retry {what}: re-queued", {"what": what})
 
     # -- looking ----------------------------------------------------------------------------
 
     async def logs(self, node: str) -> None:
-        screen = await self.app.show_node(node)
+        screen = await self.port.show_node(node)
         name = self._log_name(node, screen)
         reply = await self.call(node, "logs", {"name": name, "n": LOG_LINES})
         if reply is not None:
-            self.app.post_message(LogFetched(node, name, reply))
-            if isinstance(self.app.screen, NodeView):
-                self.app.screen.show_tab("tab-log")
+            self.port.post_message(LogFetched(node, name, reply))
+            if isinstance(self.port.screen, NodeView):
+                self.port.screen.show_tab("tab-log")
 
     def _log_name(self, node: str, screen: NodeView) -> str:
-        snap = self.app.state.nodes[node].snapshot
+        snap = self.port.state.nodes[node].snapshot
         gpus = [s.gpu if s.gpu is not None else s.number for s in snap.servers] if snap else []
         if isinstance(screen, GenerateScreen) and screen.gpu_table.has_focus:
             chosen = screen.selected_server()
             if chosen is not None:
                 return f"sglang_gpu{chosen[1] if chosen[1] is not None else chosen[0]}"
-        role = snap.kind if snap is not None else self.app.fleet.node(node).role
+        role = snap.kind if snap is not None else self.port.fleet.node(node).role
         names = log_names(role, gpus)
-        shown = self.app.fetched[node].log
+        shown = self.port.fetched[node].log
         if shown is not None and shown.name in names and screen.active_tab == "tab-log":
             return names[(names.index(shown.name) + 1) % len(names)]
         return names[0]
 
     async def samples(self, node: str) -> None:
-        snap = self.app.state.nodes[node].snapshot
-        if (snap.kind if snap is not None else self.app.fleet.node(node).role) == "train":
-            self.app.notify(f"{node}: samples are the completions of a generation run",
+        snap = self.port.state.nodes[node].snapshot
+        if (snap.kind if snap is not None else self.port.fleet.node(node).role) == "train":
+            self.port.notify(f"{node}: samples are the completions of a generation run",
                             severity="warning")
             return
-        await self.app.show_node(node)
+        await self.port.show_node(node)
         reply = await self.call(node, "samples", {"n": SAMPLES})
         if reply is not None:
-            self.app.post_message(SamplesFetched(node, reply))
-            if isinstance(self.app.screen, GenerateScreen):
-                self.app.screen.show_tab("tab-samples")
+            self.port.post_message(SamplesFetched(node, reply))
+            if isinstance(self.port.screen, GenerateScreen):
+                self.port.screen.show_tab("tab-samples")
 
     # -- artifacts ----------------------------------------------------------------------------
 
@@ -255,11 +258,11 @@ class Controls:
         await self._decommission_screen(node, pull_first=False)
 
     async def _decommission_screen(self, node: str, pull_first: bool) -> None:
-        from console.tui.screens.decommission import DecommissionScreen
-
-        link = self.app.links.get(node)
-        if link is None or self.app.state.nodes[node].link != "connected":
+        if self.port.connected_link(node) is None:
             what = "Pull" if pull_first else "Decommission check"
-            self.app.report(node, f"{what} failed: not connected", ok=False)
+            self.port.report(node, f"{what} failed: not connected", ok=False)
             return
-        await self.app.push_screen(DecommissionScreen(node, pull_first=pull_first))
+        fleet = self.port.fleet
+        await self.port.open_screen(DecommissionScreen(
+            fleet.node(node), fleet.pull_dir, partial(self.port.connected_link, node),
+            pull_first=pull_first))

@@ -5,28 +5,34 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from console.actions import visible
+from console.tui.port import PalettePort
 from themes.palette import NAMES
 
-if TYPE_CHECKING:
-    from console.tui.app import FleetdeckApp
+
+def markup_text(text: str) -> str:
+    """`text` shown as is where Textual reads markup (the palette's help): every bracket
+    escaped, since textual.markup.escape leaves `[P]` to be read as a tag."""
+    return text.replace("[", "\\[")
 
 
 class ActionCommands(Provider):
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
-        app = cast("FleetdeckApp", self.app)
+        app = self.app
+        if not isinstance(app, PalettePort):
+            raise TypeError(f"the fleetdeck palette needs a PalettePort app, not "
+                            f"{type(app).__name__}")
         out: list[tuple[str, str, Callable[[], object]]] = []
         for a in visible(app.read_only):
-            help_text = f"{a.description}  [{app.key_for(a.id)}]" + \
+            help_text = f"{a.description}  {markup_text(f'[{app.key_for(a.id)}]')}" + \
                 ("  (asks first)" if a.dangerous else "")
-            out.append((a.title, help_text, partial(app.run_action, f"do('{a.id}')")))
+            out.append((a.title, help_text, partial(app.perform, a.id)))
         for name in NAMES:
             out.append((f"Theme: {name}", "switch the colour theme",
-                        partial(setattr, app, "theme", name)))
+                        partial(app.use_theme, name)))
         return out
 
     async def discover(self) -> Hits:

@@ -1,10 +1,13 @@
 """The decommission screen: the gate's checklist item by item (red or green), a progress bar
 for pulling what is missing (bytes, files, rate, ETA), one key to pull, one to check again.
-It shows what console.artifacts.decommission computes; it asks the node nothing itself."""
+It shows what console.artifacts.decommission computes over the link it is lent (only while
+the node is connected); its look is in themes/fleetdeck.tcss."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
 
 from textual import work
 from textual.app import ComposeResult
@@ -17,10 +20,10 @@ from agents.rpc.protocol import RpcError
 from console.artifacts.decommission import Checklist, checklist, pull_node
 from console.artifacts.pull import PullProgress
 from console.artifacts.sources import PullError
+from console.fleet import Node
+from console.transport import AgentLink
 from console.tui.widgets import figures as f
-
-if TYPE_CHECKING:
-    from console.tui.app import FleetdeckApp
+from console.tui.widgets.keys import key_for
 
 
 def _eta(p: PullProgress) -> str:
@@ -28,31 +31,22 @@ def _eta(p: PullProgress) -> str:
 
 
 class DecommissionScreen(ModalScreen[None]):
-    DEFAULT_CSS = """
-    DecommissionScreen { align: center middle; }
-    #decommission { width: 100; height: auto; max-height: 90%; border: thick $primary;
-                    background: $surface; padding: 1 2; }
-    #decommission .title { text-style: bold; }
-    #decommission .verdict-ok { color: $success; text-style: bold; }
-    #decommission .verdict-bad { color: $error; text-style: bold; }
-    #decommission .hint { color: $text-muted; }
-    """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("u", "pull", "Pull what is missing", id="decommission_pull"),
         Binding("r", "check", "Check again", id="decommission_check"),
         Binding("escape", "close", "Close", id="decommission_close"),
     ]
 
-    def __init__(self, node: str, pull_first: bool = False) -> None:
+    def __init__(self, node: Node, pull_dir: Path, link: Callable[[], AgentLink | None],
+                 pull_first: bool = False) -> None:
+        """`link` lends the node's link while it is connected (None otherwise)."""
         super().__init__()
-        self.node = node
+        self.node = node.name
+        self.node_spec = node
+        self.pull_dir = pull_dir
+        self._lend_link = link
         self.pull_first = pull_first
         self.result: Checklist | None = None
-        self.busy = False
-
-    @property
-    def fd(self) -> FleetdeckApp:
-        return self.app  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         with Vertical(id="decommission"):
@@ -62,7 +56,9 @@ class DecommissionScreen(ModalScreen[None]):
             yield Label("", id="verdict")
             yield ProgressBar(total=1, show_eta=False, id="pull-bar")
             yield Label("", id="pull-label")
-            yield Label("u pull what is missing · r check again · escape close", classes="hint")
+            yield Label(f"{key_for(self, 'decommission_pull')} pull what is missing · "
+                        f"{key_for(self, 'decommission_check')} check again · "
+                        f"{key_for(self, 'decommission_close')} close", classes="hint")
 
     def on_mount(self) -> None:
         self.query_one("#pull-bar", ProgressBar).display = False
@@ -71,13 +67,7 @@ class DecommissionScreen(ModalScreen[None]):
         else:
             self.action_check()
 
-    def _link(self) -> Any:
-        link = self.fd.links.get(self.node)
-        if link is None or self.fd.state.nodes[self.node].link != "connected":
-            return None
-        return link
-
-    def _show(self, result: Checklist) -> None:
+    def show_checklist(self, result: Checklist) -> None:
         self.result = result
         lines = []
         for item in result.items:
@@ -94,6 +84,14 @@ class DecommissionScreen(ModalScreen[None]):
                        else "NOT safe to give the node back")
         verdict.set_classes("verdict-ok" if result.ok else "verdict-bad")
 
+    def show_progress(self, p: PullProgress) -> None:
+        bar = self.query_one("#pull-bar", ProgressBar)
+        bar.display = True
+        bar.update(total=max(p.bytes_total, 1), progress=p.bytes_done)
+        self.query_one("#pull-label", Label).update(
+            f"pull: {p.files_done}/{p.files_total} files, {f.size(p.bytes_done)} of "
+            f"{f.size(p.bytes_total)}, {f.size(int(p.rate))}/s, ETA {_eta(p)}")
+
     def _error(self, text: str) -> None:
         self.query_one("#items", Static).update(f"[$error]{text}[/]")
         self.query_one("#verdict", Label).update("")
@@ -103,41 +101,33 @@ class DecommissionScreen(ModalScreen[None]):
         await self._check()
 
     async def _check(self) -> None:
-        link = self._link()
+        link = self._lend_link()
         if link is None:
             self._error(f"{self.node} is not connected")
             return
         self.query_one("#items", Static).update("checking...")
         try:
-            result = await checklist(link, self.fd.fleet.node(self.node), self.fd.fleet.pull_dir)
+            result = await checklist(link, self.node_spec, self.pull_dir)
         except RpcError as exc:
             self._error(f"the check was refused: {exc.message}")
             return
         except (PullError, ConnectionError, TimeoutError, OSError) as exc:
             self._error(f"the check failed: {exc}")
             return
-        self._show(result)
+        self.show_checklist(result)
 
     @work(exclusive=True, group="decommission", exit_on_error=False)
     async def action_pull(self) -> None:
-        link = self._link()
+        link = self._lend_link()
         if link is None:
             self._error(f"{self.node} is not connected")
             return
-        bar = self.query_one("#pull-bar", ProgressBar)
         label = self.query_one("#pull-label", Label)
-        bar.display = True
-
-        def progress(p: PullProgress) -> None:
-            bar.update(total=max(p.bytes_total, 1), progress=p.bytes_done)
-            label.update(f"pull: {p.files_done}/{p.files_total} files, "
-                         f"{f.size(p.bytes_done)} of {f.size(p.bytes_total)}, "
-                         f"{f.size(int(p.rate))}/s, ETA {_eta(p)}")
-
-        label.update(f"pulling into {self.fd.fleet.pull_dir} ...")
+        self.query_one("#pull-bar", ProgressBar).display = True
+        label.update(f"pulling into {self.pull_dir} ...")
         try:
-            report = await pull_node(link, self.fd.fleet.node(self.node), self.fd.fleet.pull_dir,
-                                     on_progress=progress)
+            report = await pull_node(link, self.node_spec, self.pull_dir,
+                                     on_progress=self.show_progress)
         except RpcError as exc:
             label.update(f"pull refused: {exc.message}")
             return

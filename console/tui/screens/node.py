@@ -14,6 +14,7 @@ from console.tui.screens.base import View, ViewContext, node_bar
 from console.tui.widgets.alert_list import AlertList
 from console.tui.widgets.gpu_table import GpuTable
 from console.tui.widgets.graphs import HistoryGraphs
+from console.tui.widgets.keys import key_for
 from console.tui.widgets.log_pane import LogPane
 from console.tui.widgets.run_panel import RunPanel
 from console.tui.widgets.samples_pane import SamplesPane
@@ -57,9 +58,9 @@ class GenerateScreen(NodeView):
             with TabPane("Alerts", id="tab-alerts"):
                 yield AlertList(id="node-alerts")
             with TabPane("Log", id="tab-log"):
-                yield LogPane(id="log-pane")
+                yield LogPane(key_for(self, "logs"), id="log-pane")
             with TabPane("Samples", id="tab-samples"):
-                yield SamplesPane(id="samples-pane")
+                yield SamplesPane(key_for(self, "samples"), id="samples-pane")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -110,7 +111,7 @@ class TrainScreen(NodeView):
             with TabPane("Alerts", id="tab-alerts"):
                 yield AlertList(id="node-alerts")
             with TabPane("Log", id="tab-log"):
-                yield LogPane(id="log-pane")
+                yield LogPane(key_for(self, "logs"), id="log-pane")
         yield Footer(compact=True)
 
     def show(self, ctx: ViewContext) -> None:

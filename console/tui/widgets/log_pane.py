@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Log
 
 
 class LogPane(Vertical):
+    def __init__(self, key: str, **kwargs: Any) -> None:
+        """`key`: the key of the `logs` action, for the hint."""
+        super().__init__(**kwargs)
+        self.key = key
+
     def compose(self) -> ComposeResult:
-        yield Label("press l for the log tail (the selected GPU's server log when the GPU "
-                    "table has focus)", id="log-title", classes="pane-title")
+        yield Label(f"press {self.key} for the log tail (the selected GPU's server log when the "
+                    "GPU table has focus)", id="log-title", classes="pane-title")
         yield Log(id="log", max_lines=5000, auto_scroll=True)
 
     def show(self, name: str, path: str, lines: list[str]) -> None:

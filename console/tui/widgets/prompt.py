@@ -22,7 +22,7 @@ class ValueAnswer:
 
 class ValueModal(ModalScreen[ValueAnswer | None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel",
-                                                     id="prompt.cancel")]
+                                                     id="prompt_cancel")]
     DEFAULT_CLASSES = "question"
 
     def __init__(self, title: str, note: str | None = None, value: int | None = None,

@@ -47,8 +47,13 @@ def sample_text(s: dict[str, Any]) -> Group:
 
 
 class SamplesPane(VerticalScroll):
+    def __init__(self, key: str, **kwargs: Any) -> None:
+        """`key`: the key of the `samples` action, for the hint."""
+        super().__init__(**kwargs)
+        self.key = key
+
     def compose(self) -> ComposeResult:
-        yield Static("press S to read the latest completions", id="samples-body")
+        yield Static(f"press {self.key} to read the latest completions", id="samples-body")
 
     def show(self, samples: list[dict[str, Any]]) -> None:
         body = self.query_one("#samples-body", Static)
