@@ -1,13 +1,26 @@
-"""Snapshot tests of the fleet, generation-node and training-node screens with fixed data: no
-links, hand-written snapshots, a frozen clock and a fixed terminal size."""
+"""Snapshot tests of the fleet, generation-node and training-node screens, the modals, the
+decommission screen, the read-only footer and the command palette, with fixed data: no links,
+hand-written snapshots, a frozen clock and a fixed terminal size."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from textual.command import CommandList, CommandPalette
+from textual.widgets import Input, Static
+
+from console.artifacts.decommission import Checklist, Item
+from console.artifacts.pull import PullProgress
 from console.tui.app import FleetdeckApp
+from console.tui.screens.decommission import DecommissionScreen
 from console.tui.screens.node import GenerateScreen
+from console.tui.widgets.confirm import ConfirmModal
+from console.tui.widgets.hostkey import HostKeyModal
+from console.tui.widgets.prompt import ValueModal
+from console.tui.widgets.retry import RetryModal
 from tests.console import data as d
+from tests.console.conftest import until
 
 SIZE = (160, 48)
 
@@ -84,5 +97,115 @@ def test_high_contrast_theme(snap_compare: Any) -> None:
         await feed(pilot)
         pilot.app.theme = "fleetdeck-high-contrast"
         await pilot.pause()
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+# -- modals, the decommission screen, the read-only footer and the palette ----------------------
+
+async def quiet(pilot: Any) -> None:
+    """No alert toast over what the image is about (feed's alert notifies after it clears)."""
+    await pilot.pause()
+    pilot.app.clear_notifications()
+    await pilot.pause()
+
+
+async def quiet_gen(pilot: Any) -> None:
+    await open_gen(pilot)
+    await quiet(pilot)
+
+
+async def over_gen(pilot: Any, modal: Any) -> None:
+    """The modal over gen-1's screen, the way an action asks."""
+    await quiet_gen(pilot)
+    await pilot.app.push_screen(modal)
+    await pilot.pause()
+    for field in pilot.app.screen.query(Input):
+        field.cursor_blink = False  # a blinking cursor would make the image flaky
+    await pilot.pause()
+
+
+def test_confirm_modal(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await over_gen(pilot, ConfirmModal(
+            "Stop the job on gen-1?", "The job drains: requests in flight finish, then it "
+            "stops. The servers stay up; resume starts it again."))
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_value_prompt_modal(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await over_gen(pilot, ValueModal("Concurrency on gen-1",
+                                         "now 40 requests in flight per server", 40,
+                                         minimum=0, server=2))
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_choice_modal(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await over_gen(pilot, RetryModal("gen-1", "failed now 1,093, truncated 81,216"))
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_host_key_modal(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await feed(pilot)
+        await quiet(pilot)
+        await pilot.app.push_screen(HostKeyModal(
+            "gen-3", "gpu-box-9", "SHA256:3kq0L8m2v0tY4dZ8bq6cN1n9rU2xW7pA5sE4fH0jK1g",
+            "/home/op/.ssh/known_hosts"))
+        await pilot.pause()
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+CHECKLIST = Checklist(node="gen-1", dest="/home/op/fleetdeck-pulls/gen-1/qwen-traces", items=[
+    Item("run finished", True, "run qwen-traces is done"),
+    Item("verify (S3 and counts)", True, "every closed batch in S3, counts agree"),
+    Item("artifacts pulled", False, "11 of 214 files missing or different here",
+         [f"logs/sglang_gpu{g}.log" for g in range(7)] + ["logs/generate.log",
+          "logs/supervisor.log", "control.log.jsonl", "run.pin.json"]),
+])
+
+
+def test_decommission_screen(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await feed(pilot)
+        await quiet(pilot)
+        app: FleetdeckApp = pilot.app
+        screen = DecommissionScreen(app.fleet.node("gen-1"), Path("/home/op/fleetdeck-pulls"),
+                                    lambda: None)
+        await app.push_screen(screen)
+        await until(pilot, lambda: "not connected" in str(
+            screen.query_one("#items", Static).render()), 10, "the first check")
+        screen.show_checklist(CHECKLIST)
+        screen.show_progress(PullProgress(files_total=11, files_done=4, bytes_total=96_000_000,
+                                          bytes_done=41_500_000))
+        await pilot.pause()
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_read_only_footer(snap_compare: Any) -> None:
+    app = FleetdeckApp(d.fleet(bell=False), read_only=True, connect=False,
+                       clock=lambda: d.NOW)
+    app.animation_level = "none"
+    assert snap_compare(app, terminal_size=SIZE, run_before=quiet_gen)
+
+
+def test_command_palette(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await quiet_gen(pilot)
+        await pilot.press("ctrl+p")
+        palette = await until(pilot, lambda: pilot.app.screen if isinstance(
+            pilot.app.screen, CommandPalette) else None, 10, "the palette")
+        palette.query_one(Input).cursor_blink = False
+        await pilot.press(*"pause")
+        results = palette.query_one(CommandList)
+        await until(pilot, lambda: results.option_count >= 2, 10, "the palette's hits")
+        await pilot.pause(0.3)  # let the last hits land (the search streams them)
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
