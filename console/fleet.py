@@ -4,8 +4,9 @@
     theme = "fleetdeck-dark"
     pull_dir = "~/fleetdeck-pulls"
     alert_command = "~/bin/page-me"        # gets each new alert as JSON on stdin
-    [console.keymap]
+    [console.keymap]                        # binding id = key (ids: console/tui/keymap.py)
     resize_up = "plus"
+    confirm_yes = "j"                       # modals too; old ids (confirm.yes) warn but work
 
     [[nodes]]
     name = "gen-1"
