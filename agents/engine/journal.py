@@ -6,13 +6,13 @@ at a generation attempt). `retry` events record which retry requests were applie
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
+from agents.engine.durable import DurableAppend
 from agents.rundir.atomic import cut_torn_tail
 from agents.rundir.schema import FailureEvent, encoder, failure_decoder
 
@@ -29,7 +29,7 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.state = JournalState()
-        self._fd = -1
+        self._file: DurableAppend | None = None
 
     def recover(self) -> JournalState:
         cut_torn_tail(self.path)
@@ -45,7 +45,7 @@ class Journal:
                             f"{self.path}:{lineno}: unreadable record: {exc}"
                         ) from None
                     self._apply(ev)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._file = DurableAppend(self.path, "journal")
         return self.state
 
     def _apply(self, ev: FailureEvent) -> None:
@@ -63,12 +63,13 @@ class Journal:
         self.state.last[ev.index] = (ev.event, ev.attempt or 1, detail)
 
     def append(self, events: list[FailureEvent]) -> None:
-        """Write events with one fsync (blocking: call from the store's worker thread)."""
+        """Write events with one fsync, or none of them (a failed write is cut back);
+        blocking: call from a worker thread."""
         if not events:
             return
+        assert self._file is not None, "recover() first"
         buf = b"".join(encoder.encode(ev) + b"\n" for ev in events)
-        os.write(self._fd, buf)
-        os.fsync(self._fd)
+        self._file.append(buf)
         for ev in events:
             self._apply(ev)
 
@@ -80,9 +81,9 @@ class Journal:
         return sum(1 for ev, _, _ in self.state.last.values() if ev == "failed")
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def failed(index: int, error: str, message: str, attempts: int, server: int | None,

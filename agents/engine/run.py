@@ -8,6 +8,7 @@ import fcntl
 import logging
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ class Engine:
         self.control: Control | None = None
         self._control_mtime: int = -1
         self._last_history = 0.0
+        self._progress_error: str | None = None
 
     # -- start ------------------------------------------------------------------------------
 
@@ -318,7 +320,13 @@ class Engine:
                 self._idle.set()
 
     async def _journal(self, events: list[Any]) -> None:
-        await asyncio.to_thread(self.journal.append, events)
+        """Append to failures.jsonl, all or nothing. When it cannot be written (a full disk)
+        the events are lost, which loses nothing: their indices stay to do and a resume
+        sends them again; the run stops."""
+        try:
+            await asyncio.to_thread(self.journal.append, events)
+        except OSError as exc:
+            self._stop_on_write_error(f"cannot write {self.journal.path}", exc)
 
     async def _join_writer(self) -> None:
         """Wait until every queued line is on disk (or dropped after a write failure)."""
@@ -344,35 +352,48 @@ class Engine:
                 closed = await asyncio.to_thread(self.store.write_group,
                                                  [(i, a, raw) for i, a, raw, _, _ in group])
             except OSError as exc:
-                # A full disk, a failing device: what is on disk stays consistent (the store
-                # cut the half-written group); stop, and a resume redoes these lines.
-                self.writer_error = f"cannot write {self.store.folder}: {exc}"
-                self.message = (f"{self.writer_error}; stopped. Completed lines already on "
-                                "disk are safe; free space, then resume.")
-                log.error(self.message)
+                # A full disk, a failing device: the store cut the failed piece back to the
+                # last durable offset; what it committed before (a batch the group filled)
+                # counts. Stop; a resume redoes the rest.
+                done = self.store.done
+                self._count([g for g in group if done.has(g[0], g[1])])
+                self._closed(self.store.closed_in_failed_group)
                 for i, _, _, _, _ in group:
                     self._inflight.discard(i)
                 for _ in group:
                     q.task_done()
-                self.request_stop()
+                self._stop_on_write_error(f"cannot write {self.store.folder}", exc)
                 continue
             for i, _, _, _, _ in group:
                 self._inflight.discard(i)
-            t = self.meter.totals
-            for _, attempt, _, line, reason in group:
-                t.input_tokens += line.usage.prompt_tokens
-                t.output_tokens += line.usage.completion_tokens
-                t.reasoning_tokens += line.usage.reasoning_tokens
-                truncated = line.finish_reason == "length"
-                empty = not line.content and not line.tool_calls
-                if attempt > 1 and reason == "truncated":
-                    t.truncated -= 1  # the line it supersedes was truncated
-                t.truncated += truncated
-                t.empty += empty
-                self.meter.rate.add()
+            self._count(group)
             self._closed(closed)
             for _ in group:
                 q.task_done()
+
+    def _count(self, group: list[tuple[int, int, bytes, BatchLine, str | None]]) -> None:
+        t = self.meter.totals
+        for _, attempt, _, line, reason in group:
+            t.input_tokens += line.usage.prompt_tokens
+            t.output_tokens += line.usage.completion_tokens
+            t.reasoning_tokens += line.usage.reasoning_tokens
+            truncated = line.finish_reason == "length"
+            empty = not line.content and not line.tool_calls
+            if attempt > 1 and reason == "truncated":
+                t.truncated -= 1  # the line it supersedes was truncated
+            t.truncated += truncated
+            t.empty += empty
+            self.meter.rate.add()
+
+    def _stop_on_write_error(self, what: str, exc: OSError) -> None:
+        """A write the run cannot go on without failed (a full disk): stop, status failed."""
+        if self.writer_error is not None:
+            return
+        self.writer_error = f"{what}: {exc.strerror or exc}"
+        self.message = (f"{self.writer_error}; stopped. Completed lines already on disk are "
+                        "safe; free space, then resume.")
+        log.error(self.message)
+        self.request_stop()
 
     def _closed(self, closed: list[ClosedBatch]) -> None:
         for batch in closed:
@@ -395,6 +416,7 @@ class Engine:
             self._closed([closed] if closed else [])
         except OSError as exc:
             self.writer_error = self.writer_error or f"cannot close the open batch: {exc}"
+            log.error("the open batch stays open: %s", exc)
         if self.uploader is not None and self.uploader.pending:
             self.status = "draining"
             self._write_progress()
@@ -527,12 +549,22 @@ class Engine:
 
     def _write_progress(self) -> None:
         snap = encoder.encode(self.snapshot())
-        atomic_write(self.run_dir / "progress.json", snap, durable=False)
-        now = time.monotonic()
-        if now - self._last_history >= HISTORY_INTERVAL_S:
-            self._last_history = now
-            with open(self.run_dir / "history.jsonl", "ab") as f:
-                f.write(snap + b"\n")
+        try:
+            atomic_write(self.run_dir / "progress.json", snap, durable=False)
+            now = time.monotonic()
+            if now - self._last_history >= HISTORY_INTERVAL_S:
+                self._last_history = now
+                with open(self.run_dir / "history.jsonl", "ab") as f:
+                    f.write(snap + b"\n")
+        except OSError as exc:
+            # A full disk: the heartbeat waits for space (said once, not every second); the
+            # run itself stops only when a completion cannot be stored.
+            if self._progress_error is None:
+                log.error("cannot write progress.json or history.jsonl in %s: %s",
+                          self.run_dir, exc.strerror or exc)
+            self._progress_error = str(exc)
+        else:
+            self._progress_error = None
 
     async def _progress_loop(self) -> None:
         while True:
@@ -545,12 +577,24 @@ class Engine:
             await asyncio.sleep(PROGRESS_INTERVAL_S)
 
 
+class _LogFile(logging.FileHandler):
+    """generate.log; a full disk costs log lines, not a traceback on stderr per line."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            print(f"fleetdeck-agent generate: cannot write {self.baseFilename}; "
+                  "later log lines go to stderr only", file=sys.stderr)
+
+
 def _setup_file_log(path: Path) -> None:
     root = logging.getLogger("fleetdeck")
     if any(isinstance(h, logging.FileHandler) and h.baseFilename == str(path)
            for h in root.handlers):
         return
-    handler = logging.FileHandler(path)
+    handler = _LogFile(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(logging.INFO)

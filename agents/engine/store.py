@@ -1,13 +1,16 @@
 """The batch store: completion lines on disk, crash-safe by group commit.
 
 A group of lines is written to the open `.partial` batch and fsynced, then their indices are
-appended to `.done_indices` and fsynced. A full batch is renamed to `.jsonl` and the folder
+appended to `.done_indices` and fsynced; when any of that fails (a full disk), both files are
+cut back to where they were before the group, so a batch never holds a line that
+`.done_indices` lacks when it closes. A full batch is renamed to `.jsonl` and the folder
 fsynced. Recovery reads `.done_indices` and the open `.partial` only, never closed batches.
 All methods block (fsync): the engine calls them from one worker thread.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -16,9 +19,10 @@ from pathlib import Path
 import msgspec
 
 from agents.engine.doneset import DoneSet
+from agents.engine.durable import DurableAppend, TornFile
 from agents.rundir.atomic import cut_torn_tail, fsync_dir
 from agents.rundir.batchnames import batch_name, parse_batch_name
-from agents.rundir.crashpoint import crash_point, fail_point
+from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import line_key_decoder
 
 
@@ -64,11 +68,16 @@ class BatchStore:
         self.done = DoneSet(total)
         self._number = 0
         self._partial: Path | None = None
-        self._fd = -1
+        self._batch: DurableAppend | None = None
         self._lines = 0
         self._size = 0
         self._hash = hashlib.sha256()
-        self._done_fd = -1
+        self._done_file: DurableAppend | None = None
+        # Lines in the open batch that may lack their .done_indices record (a failed group
+        # could not be cut back): the batch must not close; a restart's recovery records them.
+        self._unrecorded = False
+        # Batches a failed write_group closed before it failed (the caller still owns them).
+        self.closed_in_failed_group: list[ClosedBatch] = []
 
     # -- recovery ---------------------------------------------------------------------------
 
@@ -104,7 +113,7 @@ class BatchStore:
         if len(partials) > 1:
             names = ", ".join(str(p) for _, p in sorted(partials))
             raise StoreError(f"more than one open batch in {self.folder}: {names}")
-        self._done_fd = os.open(done_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._done_file = DurableAppend(done_path, "record")
         if partials:
             number, path = partials[0]
             rec.torn_bytes_cut += cut_torn_tail(path)
@@ -139,55 +148,82 @@ class BatchStore:
 
     def _open(self, path: Path) -> None:
         self._partial = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._batch = DurableAppend(path, "write_group")
 
-    def _ensure_open(self) -> None:
-        if self._fd < 0:
+    def _ensure_open(self) -> DurableAppend:
+        if self._batch is None:
             self._open(self.folder / batch_name(self._number, open=True))
             self._lines = 0
             self._size = 0
             self._hash = hashlib.sha256()
+        assert self._batch is not None
+        return self._batch
 
     def _record(self, keys: list[tuple[int, int]]) -> None:
+        """Append the keys to .done_indices durably (or leave it as it was), then to the
+        done-set."""
+        assert self._done_file is not None
         buf = "".join(f"{i}\n" if a <= 1 else f"{i} {a}\n" for i, a in keys).encode()
-        os.write(self._done_fd, buf)
-        os.fsync(self._done_fd)
+        self._done_file.append(buf)
         for index, attempt in keys:
             self.done.add(index, attempt)
 
     def write_group(self, lines: list[tuple[int, int, bytes]]) -> list[ClosedBatch]:
-        """Durably store (index, attempt, encoded line) items; returns batches it closed."""
+        """Durably store (index, attempt, encoded line) items; returns batches it closed.
+
+        All or nothing per batch: when a write, an fsync or the record fails (a full disk),
+        the open batch and .done_indices are cut back to where they were before this group's
+        piece, then the error goes on. Pieces that filled and closed a batch before the
+        failure stay committed (`closed_in_failed_group`)."""
         closed: list[ClosedBatch] = []
+        self.closed_in_failed_group = []
         pos = 0
         while pos < len(lines):
-            self._ensure_open()
+            if self._unrecorded:
+                raise TornFile(errno.EIO, f"{self._partial}: not written to since a failed "
+                               "write could not be cut back; restart the engine to mend it")
+            batch = self._ensure_open()
             room = self.batch_size - self._lines
             piece = lines[pos : pos + room]
             pos += len(piece)
             data = b"".join(raw for _, _, raw in piece)
-            fail_point("write_group")
-            view = memoryview(data)
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
-            crash_point("lines_written")
-            os.fsync(self._fd)
-            crash_point("lines_fsynced")
+            start = batch.durable
+            try:
+                batch.write(data)
+                crash_point("lines_written")
+                batch.sync()
+                crash_point("lines_fsynced")
+                self._record([(i, a) for i, a, _ in piece])
+            except OSError:
+                # The batch cut itself back on a failed write or fsync; a failed record
+                # leaves these lines durable but unrecorded: cut them too, unless
+                # .done_indices itself could not be cut back (it may then hold their keys).
+                assert self._done_file is not None
+                if batch.durable != start and (self._done_file.torn
+                                               or not batch.cut_back(start)):
+                    self._unrecorded = True
+                if batch.torn:
+                    self._unrecorded = True
+                self.closed_in_failed_group = closed
+                raise
             self._hash.update(data)
             self._size += len(data)
             self._lines += len(piece)
-            self._record([(i, a) for i, a, _ in piece])
             if self._lines >= self.batch_size:
                 closed.append(self.close_batch())
         return closed
 
     def close_batch(self) -> ClosedBatch:
         """Close the open batch (also a short one, at stop or at the end)."""
-        if self._fd < 0 or self._partial is None:
+        if self._batch is None or self._partial is None:
             raise StoreError("no open batch to close")
-        os.fsync(self._fd)
-        os.close(self._fd)
-        self._fd = -1
+        if self._unrecorded:
+            raise TornFile(errno.EIO, f"{self._partial}: left open, not closed: a failed write "
+                           "could not be cut back, so lines in it may lack their .done_indices "
+                           "record; the next start's recovery records them")
+        self._batch.sync()
+        self._batch.close()
+        self._batch = None
         final = self._partial.with_suffix("")  # drop ".partial"
         os.replace(self._partial, final)
         crash_point("batch_close")
@@ -202,11 +238,11 @@ class BatchStore:
 
     def close_open_batch(self) -> ClosedBatch | None:
         """At stop or end: close a non-empty open batch; drop an empty one."""
-        if self._fd < 0 or self._partial is None:
+        if self._batch is None or self._partial is None:
             return None
-        if self._lines == 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._lines == 0 and not self._unrecorded:
+            self._batch.close()
+            self._batch = None
             os.unlink(self._partial)
             self._partial = None
             return None
@@ -221,9 +257,9 @@ class BatchStore:
         return self._number
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-        if self._done_fd >= 0:
-            os.close(self._done_fd)
-            self._done_fd = -1
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
+        if self._done_file is not None:
+            self._done_file.close()
+            self._done_file = None

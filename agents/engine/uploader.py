@@ -10,7 +10,6 @@ import asyncio
 import base64
 import hashlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from agents.engine.durable import DurableAppend
 from agents.rundir.atomic import cut_torn_tail
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import UploadRecord, encoder, upload_decoder
@@ -84,7 +84,7 @@ class Uploader:
         self._queue: asyncio.Queue[Pending] = asyncio.Queue()
         self._pending = 0
         self._client: Any = None
-        self._fd = -1
+        self._file: DurableAppend | None = None
 
     def recover(self, closed: list[Path]) -> int:
         """Read uploads.jsonl; queue every closed batch not confirmed there."""
@@ -100,7 +100,7 @@ class Uploader:
                         raise ValueError(f"{self.log_path}:{lineno}: unreadable: {exc}") from None
                     self.uploaded[rec.batch] = rec
         self.bytes = sum(r.size for r in self.uploaded.values())
-        self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._file = DurableAppend(self.log_path, "uploads")
         count = 0
         for path in closed:
             if path.name not in self.uploaded:
@@ -140,8 +140,9 @@ class Uploader:
                                f"{head.get('ContentLength')} etag {etag}, expected {size} {md5}")
         rec = UploadRecord(batch=item.path.name, size=size, sha256=sha256, key=key, etag=etag,
                            bucket=self.spec.bucket, uploaded_at=time.time())
-        os.write(self._fd, encoder.encode(rec) + b"\n")
-        os.fsync(self._fd)
+        assert self._file is not None, "recover() first"
+        # All or nothing: a full disk leaves no half record (the batch is uploaded again).
+        self._file.append(encoder.encode(rec) + b"\n")
         return rec
 
     async def run(self) -> None:
@@ -185,6 +186,6 @@ class Uploader:
         return self._pending == 0
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._file is not None:
+            self._file.close()
+            self._file = None

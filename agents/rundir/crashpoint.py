@@ -1,7 +1,14 @@
-"""Crash points for tests: FLEETDECK_CRASH_AT=name[:n] SIGKILLs this process at the n-th pass.
+"""Crash and fault points for tests.
 
+FLEETDECK_CRASH_AT=name[:n] SIGKILLs this process at the n-th pass of crash point `name`.
 Names: lines_written (written, not fsynced), lines_fsynced (fsynced, indices not recorded),
 batch_close (renamed, directory not fsynced), upload (object put, not yet confirmed).
+
+FLEETDECK_FAIL_AT=name[:n] makes a write fail from the n-th pass of fault point `name` on, as a
+full disk does: with FLEETDECK_FAIL_BYTES=k the first failing write gets k bytes onto the file
+before the error (a torn write), and FLEETDECK_FAIL_ERRNO picks the error (ENOSPC by default;
+EFBIG, EIO, EDQUOT...). Fault points: write_group (a group of batch lines), record (its
+indices in .done_indices), journal (failures.jsonl), uploads (uploads.jsonl).
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from dataclasses import dataclass
 
 _spec = os.environ.get("FLEETDECK_CRASH_AT", "")
 _name, _, _count = _spec.partition(":")
@@ -16,19 +24,80 @@ _remaining = int(_count) if _count else 1
 ARMED = bool(_name)
 
 
-_fail_spec = os.environ.get("FLEETDECK_FAIL_AT", "")
-_fail_name, _, _fail_count = _fail_spec.partition(":")
-_fail_remaining = int(_fail_count) if _fail_count else 1
+@dataclass(slots=True)
+class Fault:
+    """An armed fault point: fails from its n-th pass on."""
+
+    name: str
+    remaining: int = 1
+    after_bytes: int = 0
+    errno: int = errno.ENOSPC
+    fired: bool = False
+
+    def error(self) -> OSError:
+        return OSError(self.errno, f"{os.strerror(self.errno)} (FLEETDECK_FAIL_AT={self.name})")
+
+
+_fault: Fault | None = None
+
+
+def arm_fault(name: str, count: int = 1, after_bytes: int = 0,
+              err: int = errno.ENOSPC) -> None:
+    """Arm fault point `name` (in-process tests; a process takes it from the environment)."""
+    global _fault
+    _fault = Fault(name, count, after_bytes, err)
+
+
+def disarm_fault() -> None:
+    global _fault
+    _fault = None
+
+
+def _arm_from_env() -> None:
+    spec = os.environ.get("FLEETDECK_FAIL_AT", "")
+    if not spec:
+        return
+    name, _, count = spec.partition(":")
+    err_name = os.environ.get("FLEETDECK_FAIL_ERRNO", "ENOSPC")
+    err = getattr(errno, err_name, None)
+    if not isinstance(err, int):
+        raise ValueError(f"FLEETDECK_FAIL_ERRNO={err_name!r} is not an errno name")
+    arm_fault(name, int(count) if count else 1,
+              int(os.environ.get("FLEETDECK_FAIL_BYTES", "0")), err)
+
+
+_arm_from_env()
+
+
+def fault_at(name: str) -> Fault | None:
+    """The armed fault when this pass of point `name` must fail, else None."""
+    f = _fault
+    if f is None or f.name != name:
+        return None
+    f.remaining -= 1
+    return f if f.remaining <= 0 else None
 
 
 def fail_point(name: str) -> None:
-    """FLEETDECK_FAIL_AT=name[:n]: from the n-th pass on, raise ENOSPC here (a full disk)."""
-    global _fail_remaining
-    if not _fail_name or name != _fail_name:
-        return
-    _fail_remaining -= 1
-    if _fail_remaining <= 0:
-        raise OSError(errno.ENOSPC, "No space left on device (FLEETDECK_FAIL_AT)")
+    """Raise the armed error here when the fault point `name` is due (nothing is written)."""
+    f = fault_at(name)
+    if f is not None:
+        raise f.error()
+
+
+def write_all(fd: int, data: bytes, point: str) -> None:
+    """os.write until all of `data` is on the file; at a due fault point, only the fault's
+    first bytes (the first time it fires), then its error."""
+    view = memoryview(data)
+    f = fault_at(point) if _fault is not None else None
+    if f is not None:
+        view = view[:0] if f.fired else view[:f.after_bytes]
+        f.fired = True
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+    if f is not None:
+        raise f.error()
 
 
 def crash_point(name: str) -> None:
