@@ -27,6 +27,8 @@ from typing import Literal
 
 import msgspec
 
+from agents.rundir.spec import name_problem
+
 DEFAULT_AGENT = "~/.fleetdeck/venv/bin/fleetdeck-agent"
 
 
@@ -102,6 +104,13 @@ def load_fleet(path: str | Path | None = None) -> Fleet:
         raise FleetError(f"{path}: no fleet file (write one, or pass --fleet FILE)") from None
     except tomllib.TOMLDecodeError as exc:
         raise FleetError(f"{path}: not valid TOML: {exc}") from None
+    except IsADirectoryError:
+        raise FleetError(f"{path}: is a folder, not a fleet file") from None
+    except UnicodeDecodeError as exc:
+        raise FleetError(f"{path}: not UTF-8 text (byte {exc.start}): a fleet file is TOML, "
+                         "which is UTF-8") from None
+    except OSError as exc:
+        raise FleetError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         fleet = msgspec.convert(raw, Fleet)
     except msgspec.ValidationError as exc:
@@ -113,6 +122,10 @@ def load_fleet(path: str | Path | None = None) -> Fleet:
         if node.name in seen:
             raise FleetError(f"{where}: the name is used twice")
         seen.add(node.name)
+        bad = name_problem(node.name)
+        if bad is not None:
+            # The name is a folder of the pull dir (PULL_DIR/NODE/RUN): one plain name.
+            raise FleetError(f"{where}: name {bad}")
         if not node.local and not node.host:
             raise FleetError(f"{where}: host is missing (or set local = true)")
         if not node.run_dir:

@@ -19,6 +19,7 @@ from agents.rundir.schema import Snapshot
 from console.actions import BY_ID
 from console.fleet import Fleet, FleetError, Node, load_fleet
 from console.linkstate import LinkState
+from console.sanitize import shown
 from console.transport import AgentLink, HostKeyProblem, Unreachable, accept_host_key
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -88,11 +89,12 @@ async def _status_once(fleet: Fleet, nodes: list[Node], accept_new: bool
 
 def _human(entry: NodeStatus) -> str:
     snap = entry.snapshot
+    # Names and messages from the node are shown escaped (console/sanitize.py).
     if entry.unreadable is not None:
-        return f"{entry.node}: unreadable snapshot: {entry.unreadable}"
+        return f"{entry.node}: unreadable snapshot: {shown(entry.unreadable)}"
     if snap is None:
-        return f"{entry.node}: {entry.link} - {entry.error}"
-    line = f"{entry.node}: {snap.kind} {snap.run} {snap.status}"
+        return f"{entry.node}: {entry.link} - {shown(entry.error)}"
+    line = f"{entry.node}: {snap.kind} {shown(snap.run)} {shown(snap.status)}"
     p = snap.progress
     if p is not None:
         eta = p.eta_hours
@@ -102,7 +104,7 @@ def _human(entry: NodeStatus) -> str:
     if t is not None:
         line += f"  step {t.step}/{t.total_steps} loss {t.loss}"
     for a in snap.alerts:
-        line += f"\n  ALERT {a.severity}: {a.message}"
+        line += f"\n  ALERT {shown(a.severity)}: {shown(a.message)}"
     return line
 
 
@@ -173,16 +175,16 @@ async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
     try:
         result = await link.call(method, params, timeout=args.timeout)
     except RpcError as exc:
-        say(f"{node.name}: {method}: {exc.message}")
+        say(f"{node.name}: {method}: {shown(exc.message)}")
         return EXIT_CHECK
     except (ConnectionError, TimeoutError) as exc:
-        say(str(exc))
+        say(shown(exc))
         return EXIT_UNREACHABLE
     finally:
         await link.close()
     if method == "logs":
         for line in result["lines"]:
-            print(line)
+            print(shown(line, keep_tabs=True))  # a log line's escapes shown, not obeyed
     elif method == "verify":
         print(json.dumps(result))
         return EXIT_OK if result.get("ok") else EXIT_CHECK

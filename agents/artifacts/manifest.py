@@ -10,6 +10,7 @@ follows a symlink: one is listed as refused, its target neither read nor served.
 from __future__ import annotations
 
 import hashlib
+import base64
 import os
 import stat
 from dataclasses import dataclass
@@ -42,6 +43,17 @@ STATE_FILES = frozenset({
 
 def skipped(name: str) -> bool:
     """Locks, temporary files (atomic writes, checkpoints being written) and our own cache."""
+def wire_name(rel: str) -> tuple[str, str] | None:
+    """For a name that is not UTF-8 (os gives it with surrogate escapes), what JSON can carry:
+    (the name shown with \\xNN escapes, its bytes in base64); None for a UTF-8 name."""
+    try:
+        rel.encode()
+        return None
+    except UnicodeEncodeError:
+        raw = os.fsencode(rel)
+        return raw.decode("utf-8", "backslashreplace"), base64.b64encode(raw).decode()
+
+
     return (name.endswith(".lock") or (name.startswith(".") and name.endswith(".tmp"))
             or name.startswith(".tmp-") or name == CACHE_NAME)
 
@@ -154,6 +166,8 @@ class HashCache:
     def put(self, rel: str, size: int, mtime_ns: int, sha256: str) -> None:
         self.files[rel] = (size, mtime_ns, sha256)
         self.dirty = True
+        if wire_name(rel) is not None:
+            return  # not UTF-8: JSON cannot hold the name; hashed again next time
 
     def save(self, existing: set[str]) -> None:
         gone = [rel for rel in self.files if rel not in existing]
@@ -285,6 +299,9 @@ class Manifest:
                               mtime=st.st_mtime_ns / 1e9, mtime_ns=st.st_mtime_ns, sha256=None)
         if f.symlink:
             entry.size = 0
+        wire = wire_name(f.rel)
+        if wire is not None:
+            entry.path, entry.path_b64 = wire
             entry.refused = "symlink"
             return entry
         rec = uploads.get(f.rel.rsplit("/", 1)[-1]) if kind == "batch" else None

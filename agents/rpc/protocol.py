@@ -37,7 +37,23 @@ class RpcError(Exception):
 
 
 def encode(obj: Any) -> bytes:
-    return msgspec.json.encode(obj) + b"\n"
+    try:
+        return msgspec.json.encode(obj) + b"\n"
+    except UnicodeEncodeError:
+        # A string JSON cannot hold: a name that is not UTF-8, as os gives it (surrogate
+        # escapes). Sent with those bytes shown as \\xNN rather than not at all; names that must
+        # survive whole travel as bytes (the manifest's path_b64).
+        return msgspec.json.encode(_utf8_only(msgspec.to_builtins(obj))) + b"\n"
+
+
+def _utf8_only(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(obj, dict):
+        return {_utf8_only(k): _utf8_only(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_utf8_only(v) for v in obj]
+    return obj
 
 
 def error_reply(rid: Any, code: int, message: str, data: Any = None) -> bytes:

@@ -371,3 +371,7 @@ class VerifyReport(msgspec.Struct, omit_defaults=False):
     run_status: str | None = None
     s3_url: str | None = None
     elapsed_s: float = 0.0
+    # A name that is not UTF-8 (JSON cannot carry it): its bytes, base64; `path` then shows
+    # them escaped (\xff), for reading only. The console decodes the bytes back
+    # (surrogateescape), so such a file is pulled under its own name.
+    path_b64: str | None = None

@@ -18,7 +18,14 @@ from typing import Any
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import ManifestEntry
 from console.artifacts.pull import PULL_CIPHERS, PullProgress, PullReport, local_sha256, puller_for
-from console.artifacts.pullset import dest_for, fetch_manifest, pull_set, safe_rel, save_manifest
+from console.artifacts.pullset import (
+    confined,
+    dest_for,
+    fetch_manifest,
+    pull_set,
+    safe_rel,
+    save_manifest,
+)
 from console.artifacts.sources import PullError, open_source
 from console.fleet import Fleet, Node
 from console.headless import (
@@ -29,6 +36,7 @@ from console.headless import (
     open_link,
     say,
 )
+from console.sanitize import shown
 from console.transport import AgentLink, Unreachable
 
 
@@ -59,6 +67,9 @@ async def _context(link: AgentLink, node: Node, everything: bool
                    ) -> tuple[dict[str, Any], list[ManifestEntry], list[ManifestEntry]]:
     """The node's status, its whole manifest, and the pull set chosen from it."""
     snap = await link.call("status", {}, timeout=60)
+    if not isinstance(snap, dict):
+        raise PullError(f"{shown(node.name)}: the node's status answer is "
+                        f"{shown(repr(snap)[:80])}, not a snapshot; refused")
     entries = await fetch_manifest(link.call)
     chosen = pull_set(entries, node.role, everything, snap.get("train"))
     return snap, entries, chosen
@@ -69,7 +80,7 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
                     data_path: str | None = None) -> PullReport:
     """Pull the node's pull set; `data_path` picks one (console/artifacts/sources.py)."""
     snap, entries, chosen = await _context(link, node, everything)
-    dest = dest_for(pull_dir, node, snap["run"])
+    dest = dest_for(pull_dir, node, snap.get("run"))
     save_manifest(dest, entries)
     source = await open_source(node, link.conn, data_path)
     try:
@@ -82,37 +93,44 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
 
 async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
     snap, entries, chosen = await _context(link, node, False)
-    dest = dest_for(pull_dir, node, snap["run"])
-    items = [Item("run finished", snap["status"] in ("done", "stopped"),
-                  f"run {snap['run']} is {snap['status']}")]
+    dest = dest_for(pull_dir, node, snap.get("run"))
+    status = snap.get("status")
+    items = [Item("run finished", status in ("done", "stopped"),
+                  f"run {shown(snap['run'])} is {shown(status)}")]
     if node.role == "generate":
         try:
             report = await link.call("verify", {}, timeout=3600)
-            problems = report.get("problems") or []
+            problems = [shown(p) for p in report.get("problems") or []]
             items.append(Item("verify (S3 and counts)", bool(report.get("ok")),
                               "every closed batch in S3, counts agree" if report.get("ok")
                               else "; ".join(problems[:5]), problems))
         except RpcError as exc:
-            items.append(Item("verify (S3 and counts)", False, exc.message))
+            items.append(Item("verify (S3 and counts)", False, shown(exc.message)))
     missing = []
     for e in chosen:
-        rel = safe_rel(e.path)
-        got = await asyncio.to_thread(local_sha256, dest / rel, e.size)
+        try:
+            rel = safe_rel(e.path)
+            here = confined(dest, rel)
+        except PullError:
+            missing.append(f"{shown(e.path)} (refused: it would land outside {shown(str(dest))})")
+            continue
+        got = await asyncio.to_thread(local_sha256, here, e.size)
         if got != e.sha256:
-            missing.append(rel + (" (differs)" if (dest / rel).exists() else ""))
-    refused = [f"{e.path} ({e.refused})" for e in entries if e.refused is not None]
+            missing.append(shown(rel) + (" (differs)" if here.exists() else ""))
+    refused = [f"{shown(e.path)} ({e.refused})" for e in entries if e.refused is not None]
     items.append(Item("nothing refused", not refused,
                       "every file in the run directory can be served" if not refused else
                       f"{len(refused)} file(s) the agent will not serve (a symlink, or "
                       "unreadable): copy them by hand or remove them", refused))
     if any(m.startswith("logs/") for m in missing) and snap.get("source") == "supervisor" \
-            and any(s.get("state") == "healthy" for s in snap.get("servers", [])):
+            and any(isinstance(s, dict) and s.get("state") == "healthy"
+                    for s in snap.get("servers") or []):
         missing.append("(the servers are still up and their logs keep growing: `down` first, "
                        "then pull again)")
     items.append(Item("artifacts pulled", not missing,
                       f"all {len(chosen)} files here with matching sha256 in {dest}"
                       if not missing else f"{len(missing)} of {len(chosen)} missing or "
-                      f"different in {dest}", missing))
+                      f"different in {shown(str(dest))}", missing))
     return Checklist(node.name, str(dest), items)
 
 
@@ -146,10 +164,10 @@ async def cmd_pull(fleet: Fleet, args: argparse.Namespace) -> int:
         pull_dir = Path(args.to) if args.to else fleet.pull_dir
         report = await pull_node(link, node, pull_dir, args.all, _printer())
     except (RpcError, ConnectionError, TimeoutError) as exc:
-        say(f"\n{node.name}: pull: {exc}")
+        say(f"\n{node.name}: pull: {shown(exc)}")
         return EXIT_UNREACHABLE
     except PullError as exc:
-        say(f"\n{node.name}: pull: {exc}")
+        say(f"\n{node.name}: pull: {shown(exc)}")
         return EXIT_USAGE
     finally:
         await link.close()
@@ -160,7 +178,7 @@ async def cmd_pull(fleet: Fleet, args: argparse.Namespace) -> int:
                       "refused": report.refused,
                       "bytes_transferred": report.bytes_transferred}))
     for rel, why in report.failed.items():
-        say(f"{node.name}: {rel}: {why}")
+        say(f"{node.name}: {shown(rel)}: {shown(why)}")
     return EXIT_OK if report.ok else EXIT_CHECK
 
 
@@ -175,17 +193,20 @@ async def cmd_decommission_check(fleet: Fleet, args: argparse.Namespace) -> int:
         pull_dir = Path(args.to) if args.to else fleet.pull_dir
         result = await checklist(link, node, pull_dir)
     except (RpcError, ConnectionError, TimeoutError) as exc:
-        say(f"{node.name}: decommission-check: {exc}")
+        say(f"{node.name}: decommission-check: {shown(exc)}")
         return EXIT_UNREACHABLE
+    except PullError as exc:
+        say(f"{node.name}: decommission-check: {shown(exc)}")
+        return EXIT_USAGE
     finally:
         await link.close()
     if args.json:
         print(json.dumps(result.as_dict()))
     else:
         for item in result.items:
-            print(f"[{'x' if item.ok else ' '}] {item.name}: {item.detail}")
+            print(f"[{'x' if item.ok else ' '}] {item.name}: {shown(item.detail)}")
             for m in item.missing[:50]:
-                print(f"      - {m}")
+                print(f"      - {shown(m)}")
         print("SAFE to give the node back" if result.ok else "NOT safe to give the node back")
     return EXIT_OK if result.ok else EXIT_CHECK
 

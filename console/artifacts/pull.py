@@ -22,8 +22,9 @@ import asyncssh
 
 from agents.rundir.schema import ManifestEntry
 from console.artifacts import opensftp
-from console.artifacts.pullset import STATE_DIR, safe_rel
+from console.artifacts.pullset import STATE_DIR, confined, safe_rel
 from console.artifacts.sources import CHUNK, OpensshSource, PullError, Source
+from console.sanitize import shown
 
 PARALLEL_FILES = 4
 PART_SUFFIX = ".fdpart"
@@ -73,16 +74,30 @@ class PullReport:
 
 
 def local_sha256(path: Path, size: int) -> str | None:
+    """The sha256 of the local copy, or None when it is not here whole (absent, another
+    size, not a readable file)."""
     try:
         if path.stat().st_size != size:
             return None
-    except FileNotFoundError:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+    except OSError:
         return None
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
     return h.hexdigest()
+
+
+def local_path(dest: Path, path: str) -> tuple[str, Path]:
+    """Where a manifest path goes under dest, its folder made: PullError when the path is
+    refused, lands outside dest once resolved, or its folder cannot be made."""
+    rel = safe_rel(path)
+    final = confined(dest, rel)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PullError(f"{shown(rel)}: cannot make its folder: {exc}") from None
+    return rel, confined(dest, rel)  # again, now that the folders are there
 
 
 def finish_part(part: Path, final: Path, size: int, sha256: str | None) -> bool:
@@ -170,12 +185,11 @@ class Puller:
     async def _one(self, e: ManifestEntry, limit: asyncio.Semaphore) -> None:
         async with limit:
             try:
-                rel = safe_rel(e.path)
+                rel, final = local_path(self.dest, e.path)
             except PullError as exc:
                 self.report.failed[e.path] = str(exc)
+                self.progress.files_done += 1
                 return
-            final = self.dest / rel
-            final.parent.mkdir(parents=True, exist_ok=True)
             if await asyncio.to_thread(local_sha256, final, e.size) == e.sha256:
                 self.report.skipped.append(rel)
                 self.progress.bytes_done += e.size
@@ -246,12 +260,10 @@ class OpensshPuller(Puller):
 
         async def prepare(e: ManifestEntry) -> None:
             try:
-                rel = safe_rel(e.path)
+                rel, final = local_path(self.dest, e.path)
             except PullError as exc:
                 self._settled(e.path, failed=str(exc))
                 return
-            final = self.dest / rel
-            final.parent.mkdir(parents=True, exist_ok=True)
             async with limit:
                 here = await asyncio.to_thread(local_sha256, final, e.size)
             if here == e.sha256:

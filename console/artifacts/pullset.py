@@ -1,10 +1,14 @@
 """What a pull takes and where it puts it: the node's manifest fetched page by page, the pull
 set (by default everything but completion batches that S3 holds verified; for a training run,
 progress, logs and the latest and best checkpoints only), and local paths that never leave
-the pull's destination."""
+the pull's destination: whatever the node says (its run name, its manifest's paths), every
+local path is checked, resolved, against the pull dir before anything is written there."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -13,27 +17,78 @@ from typing import Any
 import msgspec
 
 from agents.rundir.schema import ManifestEntry, ManifestPage
+from agents.rundir.spec import name_problem
 from console.artifacts.sources import PullError
 from console.fleet import Node
+from console.sanitize import shown
 
 CHECKPOINT_RE = re.compile(r"^epoch_\d+_step_\d+$")
 STATE_DIR = ".fleetdeck"
 
 
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+PAGE = 5000
+
+
 def safe_rel(path: str) -> str:
-    """A manifest path as a local relative path: never absolute, never '..'."""
+    """A manifest path as a local relative path: never absolute, never '..', never the pull's
+    own state folder. (Where it lands is checked again, resolved, by `confined`.)"""
     rel = PurePosixPath(path)
-    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-        raise PullError(f"manifest path {path!r} leaves the run directory; refused")
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts or "\x00" in path:
+        raise PullError(f"manifest path {shown(repr(path))} leaves the run directory; refused")
+    if rel.parts[0] == STATE_DIR:
+        raise PullError(f"manifest path {shown(repr(path))} is the pull's own state folder "
+                        f"{STATE_DIR}; refused")
     return str(rel)
+
+
+def confined(root: Path, rel: str) -> Path:
+    """root/rel, refused (PullError) unless, symlinks resolved as writing would follow them, it
+    is inside root resolved. The last check before anything is written there."""
+    path = root / rel
+    real_root, real = root.resolve(), path.resolve()
+    if real == real_root or not real.is_relative_to(real_root):
+        raise PullError(f"{shown(rel)}: {shown(str(path))} resolves to {shown(str(real))}, "
+                        f"outside {shown(str(root))}; refused")
+    return path
+
+
+def check_page(raw: object, offset: int) -> ManifestPage:
+    """One manifest page as the node sent it, refused (PullError) unless it is one: entries
+    with sizes >= 0 and hex sha256s, and a next page that moves on."""
+    try:
+        page = msgspec.convert(raw, ManifestPage)
+    except msgspec.ValidationError as exc:
+        raise PullError(f"the node's manifest is malformed: {shown(str(exc))}") from None
+    for e in page.entries:
+        if e.path_b64 is not None:
+            # A name that is not UTF-8 travels as its bytes: back to os's own form of it
+            # (surrogate escapes), so the copy here has the very same name.
+            try:
+                e.path = base64.b64decode(e.path_b64, validate=True).decode(
+                    "utf-8", "surrogateescape")
+            except (binascii.Error, ValueError):
+                raise PullError(f"the node's manifest is malformed: {shown(repr(e.path))} has "
+                                f"path_b64 {shown(repr(e.path_b64[:80]))}, not base64") from None
+        if e.size < 0:
+            raise PullError(f"the node's manifest is malformed: {shown(repr(e.path))} has "
+                            f"size {e.size}")
+        if e.sha256 is not None and not SHA256_RE.match(e.sha256):
+            raise PullError(f"the node's manifest is malformed: {shown(repr(e.path))} has "
+                            f"sha256 {shown(repr(e.sha256))}, not 64 hex digits")
+    if page.next_offset is not None and \
+            (page.next_offset != offset + len(page.entries) or not page.entries):
+        raise PullError(f"the node's manifest is malformed: the page at {offset} with "
+                        f"{len(page.entries)} entries says the next is at {page.next_offset}")
+    return page
 
 
 async def fetch_manifest(call: Callable[..., Any]) -> list[ManifestEntry]:
     entries: list[ManifestEntry] = []
     offset: int | None = 0
     while offset is not None:
-        raw = await call("manifest", {"offset": offset, "limit": 5000})
-        page = msgspec.convert(raw, ManifestPage)
+        raw = await call("manifest", {"offset": offset, "limit": PAGE})
+        page = check_page(raw, offset)
         entries += page.entries
         offset = page.next_offset
     return entries
@@ -44,7 +99,7 @@ def pull_set(entries: list[ManifestEntry], role: str, everything: bool,
     """What must be here before the node may go: by default everything but completion
     batches that S3 holds verified; for training, the latest and best checkpoints only."""
     keep_ckpt: set[str] = set()
-    if train:
+    if isinstance(train, dict):
         for key in ("last_checkpoint", "best_checkpoint"):
             value = train.get(key)
             if isinstance(value, str) and value:
@@ -65,10 +120,31 @@ def pull_set(entries: list[ManifestEntry], role: str, everything: bool,
     return chosen
 
 
-def dest_for(pull_dir: Path, node: Node, run_name: str) -> Path:
-    return pull_dir / node.name / run_name
+def dest_for(pull_dir: Path, node: Node, run_name: object) -> Path:
+    """PULL_DIR/NODE/RUN. The run name comes from the node, so it is trusted no more than
+    anything else it sends: both names must be one plain folder name, and the folder,
+    resolved, inside the pull dir; else PullError."""
+    for what, name in (("node name", node.name), ("run name", run_name)):
+        bad = name_problem(name) if isinstance(name, str) else "is not a string"
+        if bad is not None:
+            raise PullError(f"{shown(node.name)}: the {what} {shown(repr(name))} {bad}: it "
+                            f"cannot be a folder of the pull dir {shown(str(pull_dir))}; "
+                            "refused")
+    assert isinstance(run_name, str)
+    return confined(pull_dir, f"{node.name}/{run_name}")
+
+
+def on_the_wire(e: ManifestEntry) -> ManifestEntry:
+    """The entry as the node sent it: a name that is not UTF-8 shown escaped in `path` (its
+    bytes stay in `path_b64`), so JSON can hold it."""
+    if e.path_b64 is None:
+        return e
+    return msgspec.structs.replace(e, path=os.fsencode(e.path).decode("utf-8",
+                                                                      "backslashreplace"))
 
 
 def save_manifest(dest: Path, entries: list[ManifestEntry]) -> None:
-    (dest / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    (dest / STATE_DIR / "manifest.json").write_bytes(msgspec.json.encode(entries))
+    state = confined(dest, STATE_DIR)
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "manifest.json").write_bytes(msgspec.json.encode([on_the_wire(e)
+                                                               for e in entries]))

