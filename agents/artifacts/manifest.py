@@ -9,8 +9,8 @@ follows a symlink: one is listed as refused, its target neither read nor served.
 
 from __future__ import annotations
 
-import hashlib
 import base64
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -41,8 +41,6 @@ STATE_FILES = frozenset({
 })
 
 
-def skipped(name: str) -> bool:
-    """Locks, temporary files (atomic writes, checkpoints being written) and our own cache."""
 def wire_name(rel: str) -> tuple[str, str] | None:
     """For a name that is not UTF-8 (os gives it with surrogate escapes), what JSON can carry:
     (the name shown with \\xNN escapes, its bytes in base64); None for a UTF-8 name."""
@@ -54,6 +52,8 @@ def wire_name(rel: str) -> tuple[str, str] | None:
         return raw.decode("utf-8", "backslashreplace"), base64.b64encode(raw).decode()
 
 
+def skipped(name: str) -> bool:
+    """Locks, temporary files (atomic writes, checkpoints being written) and our own cache."""
     return (name.endswith(".lock") or (name.startswith(".") and name.endswith(".tmp"))
             or name.startswith(".tmp-") or name == CACHE_NAME)
 
@@ -164,10 +164,10 @@ class HashCache:
         return None
 
     def put(self, rel: str, size: int, mtime_ns: int, sha256: str) -> None:
-        self.files[rel] = (size, mtime_ns, sha256)
-        self.dirty = True
         if wire_name(rel) is not None:
             return  # not UTF-8: JSON cannot hold the name; hashed again next time
+        self.files[rel] = (size, mtime_ns, sha256)
+        self.dirty = True
 
     def save(self, existing: set[str]) -> None:
         gone = [rel for rel in self.files if rel not in existing]
@@ -297,11 +297,11 @@ class Manifest:
         kind = kind_of(f.rel, ckpt)
         entry = ManifestEntry(path=f.rel, kind=kind, size=st.st_size,
                               mtime=st.st_mtime_ns / 1e9, mtime_ns=st.st_mtime_ns, sha256=None)
-        if f.symlink:
-            entry.size = 0
         wire = wire_name(f.rel)
         if wire is not None:
             entry.path, entry.path_b64 = wire
+        if f.symlink:
+            entry.size = 0
             entry.refused = "symlink"
             return entry
         rec = uploads.get(f.rel.rsplit("/", 1)[-1]) if kind == "batch" else None

@@ -329,6 +329,10 @@ class ManifestEntry(msgspec.Struct, omit_defaults=False):
     sha256_from: HashSource | None = None
     in_s3: bool = False
     refused: Literal["symlink", "unreadable"] | None = None
+    # A name that is not UTF-8 (JSON cannot carry it): its bytes, base64; `path` then shows
+    # them escaped (\xff), for reading only. The console decodes the bytes back
+    # (surrogateescape), so such a file is pulled under its own name.
+    path_b64: str | None = None
 
 
 class ManifestPage(msgspec.Struct, omit_defaults=False):
@@ -371,7 +375,3 @@ class VerifyReport(msgspec.Struct, omit_defaults=False):
     run_status: str | None = None
     s3_url: str | None = None
     elapsed_s: float = 0.0
-    # A name that is not UTF-8 (JSON cannot carry it): its bytes, base64; `path` then shows
-    # them escaped (\xff), for reading only. The console decodes the bytes back
-    # (surrogateescape), so such a file is pulled under its own name.
-    path_b64: str | None = None

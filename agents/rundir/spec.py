@@ -181,6 +181,24 @@ def _where(msg: str) -> str:
     return re.sub(r"`\$((?:\.[\w\[\]]+)*)`", repl, msg)
 
 
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be one folder name (a run's, a node's: the console pulls into
+    PULL_DIR/NODE/RUN), or None when it can: one path segment, not `.` or `..`, no `/`, no
+    control or other unprintable character, at most 255 bytes."""
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return "is not a folder name"
+    if "/" in name:
+        return "holds '/' (one folder name, not a path)"
+    bad = next((c for c in name if not c.isprintable()), None)
+    if bad is not None:
+        return f"holds the unprintable character {bad!r}"
+    if len(name.encode()) > 255:
+        return "is longer than 255 bytes"
+    return None
+
+
 def _check(spec: RunSpec, path: Path) -> None:
     def fail(key: str, reason: str) -> None:
         raise SpecError(f"{path}: {key}: {reason}")
@@ -217,24 +235,6 @@ def _check(spec: RunSpec, path: Path) -> None:
         for key, t in (("request_timeout_s", gen.request_timeout_s),
                        ("connect_timeout_s", gen.connect_timeout_s)):
             if t <= 0:
-def name_problem(name: str) -> str | None:
-    """Why `name` cannot be one folder name (a run's, a node's: the console pulls into
-    PULL_DIR/NODE/RUN), or None when it can: one path segment, not `.` or `..`, no `/`, no
-    control or other unprintable character, at most 255 bytes."""
-    if not name:
-        return "is empty"
-    if name in (".", ".."):
-        return "is not a folder name"
-    if "/" in name:
-        return "holds '/' (one folder name, not a path)"
-    bad = next((c for c in name if not c.isprintable()), None)
-    if bad is not None:
-        return f"holds the unprintable character {bad!r}"
-    if len(name.encode()) > 255:
-        return "is longer than 255 bytes"
-    return None
-
-
                 fail(f"[generate] {key}", f"must be positive, got {t}")
         prompts = spec.prompts_path
         if not prompts.is_file():
