@@ -13,9 +13,9 @@ from typing import Any
 
 from agents import PROTOCOL_VERSION
 from agents.rpc.protocol import STREAM_LIMIT, RpcClient, RpcError
-from agents.rpc.sockpath import recorded_socket
+from agents.rpc.sockpath import SocketDirError, checked_folder, recorded_socket
 from agents.rundir.control import audit
-from agents.rundir.spec import RunSpec, keep_copy
+from agents.rundir.spec import RunSpec, SpecError, keep_copy, load_run_spec
 from agents.supervise.snapshot import supervisor_pid
 
 
@@ -72,6 +72,7 @@ async def wait_for_supervisor(run_dir: Path, proc: subprocess.Popen[bytes],
 
 async def up(spec: RunSpec, who: str | None = None) -> dict[str, Any]:
     """Create RUN_DIR and start its supervisor (servers, job). Refuses a live run."""
+    _check_socket_folder()
     run_dir = spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     if supervisor_pid(run_dir) is not None:
@@ -97,11 +98,24 @@ async def resume(run_dir: Path, who: str | None = None) -> dict[str, Any]:
         return result
     if not (run_dir / "run.toml").exists():
         raise RunCtlError(f"{run_dir}: no run.toml; not a run directory")
+    try:
+        load_run_spec(run_dir)  # its secrets too: refused here, not in a supervisor's log
+    except SpecError as exc:
+        raise RunCtlError(str(exc)) from None
+    _check_socket_folder()
     audit(run_dir, "resume", {"supervisor": "new"}, who)
     proc = spawn_supervisor(run_dir)
     client = await wait_for_supervisor(run_dir, proc)
     await client.close()
     return {"status": "started", "supervisor_pid": proc.pid}
+
+
+def _check_socket_folder() -> None:
+    """Refuse to start a supervisor that could not listen safely (before anything is written)."""
+    try:
+        checked_folder()
+    except SocketDirError as exc:
+        raise RunCtlError(str(exc)) from None
 
 
 async def call(run_dir: Path, method: str, params: dict[str, Any]) -> Any:

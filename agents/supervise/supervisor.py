@@ -31,10 +31,10 @@ from agents.rpc.protocol import (
     dispatch_line,
     notification,
 )
-from agents.rpc.sockpath import socket_path
+from agents.rpc.sockpath import SocketDirError, remove_stale_sockets, socket_path
 from agents.rundir.control import audit
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
-from agents.rundir.spec import RunSpec, load_run_spec
+from agents.rundir.spec import RunSpec, SpecError, load_run_spec
 from agents.supervise.alerts import AlertBook
 from agents.supervise.servers import ManagedServer, ServerSet
 from agents.supervise.snapshot import (
@@ -52,7 +52,10 @@ PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
 class Supervisor:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir.resolve()
-        self.spec: RunSpec = load_run_spec(self.run_dir)
+        try:
+            self.spec: RunSpec = load_run_spec(self.run_dir)
+        except SpecError as exc:
+            raise SystemExit(f"supervisor for {self.run_dir}: {exc}") from None
         self.servers: ServerSet | None = None
         self.engine: Engine | None = None
         self.engine_task: asyncio.Task[int] | None = None
@@ -85,13 +88,18 @@ class Supervisor:
         (self.run_dir / "supervisor.pid").write_text(f"{os.getpid()}\n")
 
     async def main(self) -> int:
+        try:
+            sock = socket_path(self.run_dir)
+        except SocketDirError as exc:
+            raise SystemExit(f"supervisor for {self.run_dir}: {exc}") from None
         self._lock()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: self._spawn(self.down("signal")))
-        sock = socket_path(self.run_dir)
         if sock.exists():
             sock.unlink()
+        for stale in remove_stale_sockets(sock.parent, keep=sock):
+            log.info("removed %s: a socket of a supervisor that is gone", stale)
         server = await asyncio.start_unix_server(self._session, path=str(sock),
                                                  limit=STREAM_LIMIT)
         os.chmod(sock, 0o600)
