@@ -4,7 +4,8 @@
 Closed batches take their sha256 from uploads.jsonl (the engine hashed them when it closed
 them: no re-read of gigabytes); other files are hashed on demand, with a cache keyed by
 (path, size, mtime_ns) kept in RUN_DIR/.manifest_cache.json. The walk uses lstat and never
-follows a symlink: one is listed as refused, its target neither read nor served.
+follows a symlink: one is listed as refused, its target neither read nor served. The run's
+secrets file (RUN_DIR/secrets.json) is never listed: what the manifest omits, pull never copies.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agents.rundir.schema import (
     UploadRecord,
     upload_decoder,
 )
+from agents.rundir.secrets import SECRETS_NAME
 from agents.rundir.spec import SpecError, load_run_spec
 
 CACHE_NAME = ".manifest_cache.json"
@@ -217,8 +219,8 @@ def walk(run_dir: Path) -> list[Found]:
         except OSError:
             continue  # vanished or unreadable folder: nothing in it can be served
         for entry in entries:
-            if skipped(entry.name):
-                continue
+            if skipped(entry.name) or (not base and entry.name == SECRETS_NAME):
+                continue  # secrets.json: never listed, so never served or pulled
             rel = base + entry.name
             try:
                 st = entry.stat(follow_symlinks=False)

@@ -38,6 +38,13 @@ from agents.supervise.snapshot import from_disk
 
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
 
+
+class _ReplyId(msgspec.Struct):
+    id: Any = None
+
+
+_reply_id = msgspec.json.Decoder(_ReplyId)
+
 # What a `--read-only` session answers: looking only. Everything else (launch, resume, stop,
 # down, restart_server, pause, unpause, resize, max_tokens, retry, manifest, whose hash cache
 # is written, and any method added later) is refused before it reaches a supervisor.
@@ -60,6 +67,9 @@ class StdioSession:
         self.upstream: RpcClient | None = None
         self.subscribed = False
         self.who = who or local_who()
+        # Ids of requests relayed to the supervisor and not yet answered.
+        self._pending: set[int | str] = set()
+        self._answered = asyncio.Event()
         self.local = ControlMethods(self.run_dir)
         self._pump: asyncio.Task[None] | None = None
         self._push: asyncio.Task[None] | None = None
@@ -91,19 +101,41 @@ class StdioSession:
                 line = await reader.readline()
                 if not line:
                     break
+                if self._pending:
+                    try:
+                        self._pending.discard(_reply_id.decode(line).id)
+                    except (msgspec.DecodeError, TypeError):
+                        pass
+                    if not self._pending:
+                        self._answered.set()
                 self.out.write(line)
                 await self.out.drain()
         except (ConnectionError, OSError, ValueError):
             pass
         # The supervisor went away: answer (and push, for a subscriber) from disk from now on.
         self.upstream = None
+        self._pending.clear()
+        self._answered.set()
         if self.subscribed and self._push is None:
             self._push = asyncio.create_task(self._push_from_disk())
 
     async def _forward(self, req: dict[str, Any]) -> None:
         assert self.upstream is not None
+        rid = req.get("id")
+        if isinstance(rid, (int, str)):
+            self._pending.add(rid)
+            self._answered.clear()
         self.upstream.writer.write(encode(req))
         await self.upstream.writer.drain()
+
+    async def answered(self, timeout: float) -> None:
+        """Wait until the supervisor has answered every request relayed to it (at the end of
+        the input: a client that writes its requests and closes still gets every answer)."""
+        if self._pending and self.upstream is not None:
+            try:
+                await asyncio.wait_for(self._answered.wait(), timeout)
+            except TimeoutError:
+                pass
 
     async def handle(self, line: bytes) -> None:
         try:
@@ -231,6 +263,7 @@ async def serve_stdio(run_dir: Path, read_only: bool = False, who: str | None = 
         except Exception as exc:  # one bad request never ends the session
             writer.write(error_reply(None, INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
             await writer.drain()
+    await session.answered(timeout=120.0)
     if session.upstream is not None:
         await session.upstream.close()
     return 0

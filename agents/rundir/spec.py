@@ -29,7 +29,12 @@ class ServersSection(msgspec.Struct, forbid_unknown_fields=True):
     command: str | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
     startup_timeout_s: float = 1800.0
+    # Secrets (see agents/rundir/secrets.py): api_key and admin_api_key, and env values whose
+    # name holds TOKEN, KEY, SECRET or PASSWORD or is listed in secret_env. Kept out of every
+    # file the run serves or pulls; servers get secret env values in their environment only.
     api_key: str | None = None
+    admin_api_key: str | None = None
+    secret_env: list[str] = msgspec.field(default_factory=list)
     # Above SGLang's own 20 s health generation timeout: a busy server is slow, not dead.
     health_timeout_s: float = 30.0
     health_interval_s: float = 2.0
@@ -314,40 +319,67 @@ def _check_servers(servers: ServersSection, fail: Callable[[str, str], None]) ->
             fail(f"[servers] env {key}", "the value contains a NUL character")
     if servers.model is not None and "\x00" in servers.model:
         fail("[servers] model", "contains a NUL character")
+    for name in servers.secret_env:
+        if name not in servers.env:
+            fail("[servers] secret_env", f"{name!r} is not a key of [servers] env")
 
 
 def load_run_spec(run_dir: Path) -> RunSpec:
     """The spec a run was launched with: RUN_DIR/run.toml, relative paths resolved against the
     folder of the original file (recorded in RUN_DIR/run.base)."""
     base_file = run_dir / "run.base"
-    base = base_file.read_text().strip() if base_file.exists() else None
+    base = _read_text(base_file).strip() if base_file.exists() else None
     return load_spec(run_dir / "run.toml", base_dir=Path(base) if base else None)
 
 
 def keep_copy(spec: RunSpec, run_dir: Path) -> None:
-    """Keep the spec as launched in RUN_DIR (and where its relative paths start)."""
-    import shutil
+    """Keep the spec as launched in RUN_DIR (and where its relative paths start), without its
+    secrets: those go to RUN_DIR/secrets.json (0600, never served or pulled)."""
+    from agents.rundir import secrets
+    from agents.rundir.atomic import atomic_write
 
+    source = Path(spec.source)
     copy = run_dir / "run.toml"
-    if Path(spec.source).resolve() != copy.resolve():
-        shutil.copyfile(spec.source, copy)
-        (run_dir / "run.base").write_text(str(spec.base_dir) + "\n")
+    try:
+        raw = tomllib.loads(source.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SpecError(f"{source}: cannot read it again to keep a copy: {exc}") from None
+    public, found = secrets.split(raw)
+    if source.resolve() == copy.resolve():
+        # RUN_DIR is the spec's own folder: this file is served and pulled with the run.
+        if found:
+            raise SpecError(
+                f"{source}: holds secrets ({', '.join(secrets.names(found))}) but lies in its "
+                "own run directory, whose files are served and pulled: set [run] dir to a "
+                "folder of its own (the secrets are then kept apart, mode 0600)")
+        return
+    header = f"# fleetdeck: the spec as launched from {secrets.quoted(str(source))}"
+    if found:
+        header += (f", its secrets kept in {secrets.SECRETS_NAME} (mode 0600, never served or "
+                   f"pulled)\n{secrets.MARKER}{', '.join(secrets.names(found))}")
+    secrets.write(run_dir, found)
+    atomic_write(copy, secrets.to_toml(public, header).encode())
+    (run_dir / "run.base").write_text(str(spec.base_dir) + "\n")
 
 
 def load_spec(path: str | Path, base_dir: Path | None = None) -> RunSpec:
     """Read and validate a run.toml; raise SpecError naming file, key and reason."""
     path = Path(path)
-    if base_dir is None and path.name == "run.toml" and (path.parent / "run.base").exists():
+    kept = path.name == "run.toml" and (path.parent / "run.base").exists()
+    if base_dir is None and kept:
         # The copy kept in RUN_DIR: its relative paths start where the original's did.
-        base_dir = Path((path.parent / "run.base").read_text().strip())
+        base_dir = Path(_read_text(path.parent / "run.base").strip())
     try:
-        raw = tomllib.loads(path.read_text())
+        text = _read_text(path)
+        raw = tomllib.loads(text)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read: {exc}") from None
+    if kept:
+        raw = _with_secrets(raw, text, path)
     try:
         spec = msgspec.convert(raw, RunSpec)
     except msgspec.ValidationError as exc:
@@ -357,3 +389,50 @@ def load_spec(path: str | Path, base_dir: Path | None = None) -> RunSpec:
         spec.base = str(base_dir)
     _check(spec, path)
     return spec
+
+
+def _with_secrets(raw: dict[str, Any], text: str, path: Path) -> dict[str, Any]:
+    """The copy kept in RUN_DIR with its secrets put back from RUN_DIR/secrets.json."""
+    from agents.rundir import secrets
+
+    try:
+        found = secrets.read(path.parent)
+    except secrets.SecretsError as exc:
+        raise SpecError(str(exc)) from None
+    if found is None:
+        lacking = secrets.marked(text)
+        if lacking:
+            raise SpecError(f"{path.parent / secrets.SECRETS_NAME}: missing, but {path} was "
+                            f"launched with secrets ({', '.join(lacking)}): launch it again "
+                            "from the original run.toml")
+        return raw
+    return secrets.merge(raw, found)
+
+
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+
+
+def _read_text(path: Path) -> str:
+    """A spec file's text: a regular file only (a FIFO would block the reader for ever, and
+    one in a run directory would freeze the agent), opened without blocking, size-limited."""
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"{path}: not a regular file; refused")
+        if st.st_size > MAX_SPEC_BYTES:
+            raise SpecError(f"{path}: {st.st_size} bytes, more than a spec can be "
+                            f"({MAX_SPEC_BYTES}); refused")
+        data = f.read(MAX_SPEC_BYTES + 1)
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: not UTF-8 text: {exc}") from None
