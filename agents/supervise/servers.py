@@ -28,13 +28,15 @@ from agents.rundir.secrets import secret_env_names
 from agents.rundir.spec import RunSpec
 from agents.rundir.template import render
 from agents.supervise.procinfo import kill_group, same_process, start_time
+from agents.supervise.sglang_log import LogTail
 from agents.supervise.sglang_metrics import (
+    MetricsReading,
     ServerFigures,
-    figures_from_log,
-    figures_from_metrics,
-    figures_from_server_info,
-    last_decode_line,
-    parse_metrics,
+    ServerInfo,
+    read_error_body,
+    read_metrics,
+    read_server_info,
+    server_figures,
 )
 
 log = logging.getLogger("fleetdeck.servers")
@@ -304,27 +306,51 @@ class ServerSet:
                     await asyncio.sleep(0.05)
 
     async def _figures(self, server: ManagedServer) -> None:
-        """/server_info and /metrics every few seconds; the decode log line as a fallback."""
-        logfile = self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log"
+        """Every few seconds: /server_info (/get_server_info on a 404: SGLang up to 0.5.5),
+        /metrics, and the log's newest decode line of each DP rank, made into one set of
+        figures (sglang_metrics.server_figures); what no source carries stays None."""
+        tail = LogTail(self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log")
+        info_paths = ["/server_info", "/get_server_info"]
         while not self.closed:
             await asyncio.sleep(max(self.cfg.health_interval_s, 1.0))
             if server.state not in ("healthy", "degraded"):
                 continue
-            fig = ServerFigures()
+            info: ServerInfo | None = None
+            metrics: MetricsReading | None = None
             try:
-                info = await self._client.get(f"{server.url}/server_info", timeout=5.0)
-                if info.status_code == 200:
-                    figures_from_server_info(info.json(), fig)
+                info = await self._server_info(server, info_paths)
                 met = await self._client.get(f"{server.url}/metrics", timeout=5.0)
-                if met.status_code == 200:
-                    figures_from_metrics(parse_metrics(met.text), fig)
-            except (httpx.HTTPError, ValueError) as exc:
-                server.last_error = f"figures: {type(exc).__name__}"
-            fields = await asyncio.to_thread(last_decode_line, logfile)
-            if fields:
-                figures_from_log(fields, fig)
-            server.figures = fig
+                if met.status_code == 200:  # 404 without --enable-metrics
+                    metrics = read_metrics(met.text)
+            except httpx.HTTPError as exc:
+                server.last_error = f"figures from {server.url}: {type(exc).__name__}: {exc}"
+            reader = await asyncio.to_thread(tail.poll)
+            server.figures = server_figures(info, metrics, reader.combined(), reader.startup)
             server.metrics_at = time.time()
+
+    async def _server_info(self, server: ManagedServer, paths: list[str]) -> ServerInfo | None:
+        """The server-info body from the path that answered last; on a 404 the other path is
+        tried and, if it answers, kept first. A key is sent when the run has one (the
+        endpoint needs it; /health and /metrics do not)."""
+        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
+        answers = []
+        for path in list(paths):
+            resp = await self._client.get(f"{server.url}{path}", timeout=5.0, headers=headers)
+            if resp.status_code == 200:
+                if path != paths[0]:
+                    paths.remove(path)
+                    paths.insert(0, path)
+                try:
+                    return read_server_info(resp.json())
+                except ValueError:
+                    answers.append(f"{path} answered 200 with a body that is not JSON")
+                    break
+            answers.append(f"{path} answered {resp.status_code}: "
+                           f"{read_error_body(resp.text).message}")
+            if resp.status_code != 404:
+                break
+        server.last_error = f"figures from {server.url}: " + "; ".join(answers)
+        return None
 
     async def stop_all(self) -> None:
         for server in self.servers:
