@@ -14,20 +14,34 @@ prompts greedily; the drafter trains on that online for --steps steps. Printed:
 With a GPU: `--device cuda --hidden 2048 --layers 28 --peak-tflops 989` trains against a
 larger random target in bf16 and adds peak memory and the share of the GPU's bf16 peak
 (no teaching, no tau: a random target's answers mean nothing).
+
+Then the attention of the training step at the paper's size (3,072 tokens, 512 anchors,
+block 16), each variant in its own process: peak memory and tokens/s of the drafter with
+the dense boolean mask through SDPA (the baseline) and with flex_attention's BlockMask from
+the same rule. On the CPU: forward passes (torch 2.13 has no flex backward on the CPU; flex
+eager, as the tests run it, and compiled) and SDPA's training step; on a GPU: training steps
+(forward and backward, bf16 autocast) of both. `--only-attention` skips the rest;
+`--attention-hidden`/`--attention-layers` size the drafter (default: 256 and 1 on the CPU,
+Qwen3-8B's 4096 and 5 layers on a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -41,9 +55,10 @@ from tests.trainer.tinyworld import (
     write_spec,
 )
 from trainer import distributed
-from trainer.blocks import block_tokens, sample_anchors
+from trainer.blocks import block_mask, block_tokens, flex_block_mask, position_ids, sample_anchors
+from trainer.contract import DFlashSettings, drafter_config
 from trainer.data import load_batch
-from trainer.drafter import DFlashDrafter
+from trainer.drafter import DFlashDraftModel
 from trainer.evaluate import stop_tokens
 from trainer.objective import Batch, BlockStats
 from trainer.prepare import PrepareSettings, prepare
@@ -75,7 +90,9 @@ def naive_blocks_per_s(tr: Trainer, batches: list[Batch], seconds: float = 10.0)
                                      tr.settings.mask_token_id)
                 pos = torch.arange(a, a + bsz, device=tr.device)[None]
                 ctx_pos = torch.arange(a, device=tr.device)[None]
-                hidden = tr.drafter(tr.embed(block), feats[r: r + 1, :a], pos, ctx_pos)
+                hidden = tr.drafter(position_ids=torch.cat([ctx_pos, pos], dim=1),
+                                    noise_embedding=tr.embed(block),
+                                    target_hidden=feats[r: r + 1, :a])
                 labels = ids[0, a: a + bsz]
                 w = weights[: len(labels)] * batch.loss_mask[r, a: a + bsz]
                 ce = torch.nn.functional.cross_entropy(
@@ -100,7 +117,7 @@ def target_tokens_per_s(tr: Trainer, batches: list[Batch]) -> float:
     return tokens / (time.perf_counter() - t0)
 
 
-def decode(tr: Trainer, drafter: DFlashDrafter, tok: Any, n: int,
+def decode(tr: Trainer, drafter: DFlashDraftModel, tok: Any, n: int,
            zero: bool = False) -> dict[str, float]:
     stop = stop_tokens(tr.target, tok)
     per_fwd: list[int] = []
@@ -124,6 +141,141 @@ def decode(tr: Trainer, drafter: DFlashDrafter, tok: Any, n: int,
             "greedy_tok_s": greedy_tokens / greedy_s, "equal": equal}
 
 
+ATTN_TOKENS, ATTN_ANCHORS, ATTN_BLOCK = 3072, 512, 16
+# (variant, device): CPU forward passes of both and SDPA's training step; GPU training steps.
+ATTN_VARIANTS = {"cpu": ["sdpa-forward", "flex-eager-forward", "flex-compiled-forward",
+                         "sdpa-train"],
+                 "cuda": ["sdpa-train", "flex-train"]}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssPeak:
+    """The highest resident set size while it runs, sampled every 2 ms (CPU)."""
+
+    def __enter__(self) -> RssPeak:
+        self.base = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+
+def attention_variant(variant: str, device: torch.device, hidden: int,
+                      layers: int) -> dict[str, Any]:
+    """One drafter step at 3,072 tokens x 512 anchors x block 16; run in its own process."""
+    import trainer.drafter as drafter_module
+
+    warnings.filterwarnings("ignore", message=".*flex_attention called without")
+    heads = max(1, hidden // 128) if device.type == "cuda" else max(1, hidden // 64)
+    target = Qwen3Config(vocab_size=1024, hidden_size=hidden, intermediate_size=3 * hidden,
+                         num_hidden_layers=36, num_attention_heads=heads,
+                         num_key_value_heads=max(1, heads // 4), head_dim=hidden // heads,
+                         max_position_embeddings=8192)
+    settings = DFlashSettings(ATTN_BLOCK, 1023, [1, 9, 17, 25, 33])
+    torch.manual_seed(0)
+    model = DFlashDraftModel(drafter_config(target, layers, settings))
+    torch.nn.Module.to(model, device)
+    s, n, b = ATTN_TOKENS, ATTN_ANCHORS, ATTN_BLOCK
+    gen = torch.Generator().manual_seed(0)
+    anchors = torch.randperm(s - 2, generator=gen)[:n].sort().values[None].to(device)
+    feats = torch.randn(1, s, 5 * hidden, device=device)
+    noise = torch.randn(1, n * b, hidden, device=device)
+    pos = position_ids(anchors, s, b)
+    train = variant.endswith("train")
+    if variant == "flex-compiled-forward":
+        compiled = torch.compile(torch.nn.attention.flex_attention.flex_attention)
+
+        def flex(q, k, v, block_mask, scale):  # type: ignore[no-untyped-def]
+            return compiled(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+        drafter_module._flex_attention = flex  # the CPU path compiled, for this figure only
+    def step() -> None:
+        if variant.startswith("flex"):
+            mask = flex_block_mask(anchors, None, s, b,
+                                   compile=None if device.type == "cuda" else "compiled" in variant)
+        else:
+            mask = block_mask(anchors, None, s, b)
+        ctx = torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else \
+            torch.autocast("cpu", enabled=False)
+        with ctx, torch.set_grad_enabled(train):
+            out = model(position_ids=pos, attention_mask=mask, noise_embedding=noise,
+                        target_hidden=feats)
+            if train:
+                out.float().pow(2).mean().backward()
+                model.zero_grad(set_to_none=True)
+
+    warm = device.type == "cuda" or variant == "flex-compiled-forward"
+    if warm:  # compile and allocator warm-up, not measured
+        step()
+    repeats = 5 if device.type == "cuda" else 1
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - t0) / repeats
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        with RssPeak() as rss:
+            t0 = time.perf_counter()
+            step()
+            seconds = time.perf_counter() - t0
+        peak = rss.peak - rss.base
+    return {"variant": variant, "device": device.type, "hidden": hidden, "layers": layers,
+            "heads": heads, "peak_mib": peak / 2**20, "seconds": seconds,
+            "tokens_per_s": s / seconds, "warm": warm}
+
+
+def attention_figures(device: str, hidden: int | None, layers: int | None,
+                      threads: int) -> list[dict[str, Any]]:
+    cuda = device == "cuda"
+    hidden = hidden or (4096 if cuda else 256)
+    layers = layers or (5 if cuda else 1)
+    rows: list[dict[str, Any]] = []
+    for variant in ATTN_VARIANTS["cuda" if cuda else "cpu"]:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--attention-variant", variant, "--device", device,
+             "--attention-hidden", str(hidden), "--attention-layers", str(layers),
+             "--threads", str(threads)], capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            rows.append({"variant": variant, "error": proc.stderr.strip()[-400:]})
+            continue
+        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    base = next((r for r in rows if r.get("variant") == rows[0]["variant"]
+                 and "error" not in r), None)
+    print(f"attention     {ATTN_TOKENS} tokens, {ATTN_ANCHORS} anchors x block {ATTN_BLOCK}, "
+          f"drafter {layers} layer(s) width {hidden}, {device}, {threads} thread(s); "
+          f"baseline {rows[0]['variant']}")
+    for r in rows:
+        if "error" in r:
+            print(f"  {r['variant']:22s} failed: {r['error']}")
+            continue
+        ratio = (f"   memory x{r['peak_mib'] / base['peak_mib']:.2f}, speed "
+                 f"x{r['tokens_per_s'] / base['tokens_per_s']:.2f}" if base else "")
+        print(f"  {r['variant']:22s} peak {r['peak_mib']:8.0f} MiB   "
+              f"{r['tokens_per_s']:8.0f} tokens/s{ratio}")
+    if not cuda:
+        print("  GPU figures (training steps of sdpa and flex): not run, no GPU here; "
+              "run with --device cuda")
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -134,8 +286,21 @@ def main() -> int:
     ap.add_argument("--peak-tflops", type=float, default=0.0,
                     help="the device's dense bf16 peak, for the share of it used")
     ap.add_argument("--keep", help="keep the run here instead of a temporary folder")
+    ap.add_argument("--only-attention", action="store_true",
+                    help="only the attention figures (3,072 tokens, 512 anchors, block 16)")
+    ap.add_argument("--attention-hidden", type=int)
+    ap.add_argument("--attention-layers", type=int)
+    ap.add_argument("--attention-variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.attention_variant:
+        print(json.dumps(attention_variant(args.attention_variant, torch.device(args.device),
+                                           args.attention_hidden, args.attention_layers)))
+        return 0
+    if args.only_attention:
+        attention_figures(args.device, args.attention_hidden, args.attention_layers,
+                          args.threads)
+        return 0
     tiny = args.device == "cpu" and args.hidden == 64
     with tempfile.TemporaryDirectory(prefix="fd-train-bench-") as tmp:
         root = Path(args.keep or tmp)
@@ -218,6 +383,8 @@ def main() -> int:
               + (f"   {flops / 1e12 / args.peak_tflops:.1%} of bf16 peak"
                  if args.peak_tflops else ""))
         result.update(peak_gib=peak, tflops=flops / 1e12)
+    result["attention"] = attention_figures(args.device, args.attention_hidden,
+                                            args.attention_layers, args.threads)
     print(json.dumps(result))
     return 0
 

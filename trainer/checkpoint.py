@@ -1,14 +1,18 @@
 """Checkpoints: `epoch_E_step_S/` folders, the best one, and what a resume reads back.
 
-A checkpoint holds the drafter's weights (`model.safetensors`, without the target's
-embeddings and head, which stay the target's), its `config.json` (Qwen3 fields plus
-`dflash_config`), `training_state.pt` (step, optimizer, schedule, random state) and
-`metrics.json`. A folder appears whole or not at all (written under a temporary name, then
-renamed). `best.json` names the checkpoint with the highest held-out accept length.
+A checkpoint holds the drafter's weights (`model.safetensors`, float32 so that a resume is
+exact, without the target's embeddings and head, which stay the target's), its
+`config.json` and `dflash.py` as trainer/contract.py describes them (loadable by SGLang,
+z-lab and SpecForge; `fleetdeck-train export` makes the bfloat16 serving copy),
+`training_state.pt` (step, optimizer, schedule, random state), `metrics.json`, and after
+`evaluate` its `evaluation.json`. A folder appears whole or not at all (written under a
+temporary name, then renamed). `best.json` names the checkpoint with the highest held-out
+accept length.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -22,11 +26,14 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from agents.rundir.atomic import atomic_write
+from trainer import contract
+from trainer.contract import CONFIG, MODELING, WEIGHTS, ContractError, TargetFacts
+from trainer.drafter import DFlashDraftModel
 
 NAME = re.compile(r"^epoch_(\d+)_step_(\d+)$")
-WEIGHTS = "model.safetensors"
 STATE = "training_state.pt"
 BEST = "best.json"
+EVALUATION = "evaluation.json"
 
 
 class CheckpointError(ValueError):
@@ -78,16 +85,25 @@ def read_best(folder: Path) -> Best | None:
         return None
 
 
-def save(folder: Path, epoch: int, step: int, drafter: nn.Module, config_json: str,
+def write_drafter(folder: Path, drafter: DFlashDraftModel, dtype: torch.dtype) -> None:
+    """Weights in `dtype`, config.json saying so, and the modeling file."""
+    name = str(dtype).removeprefix("torch.")
+    weights = {k: v.detach().to(dtype).contiguous().cpu()
+               for k, v in drafter.state_dict().items()}
+    save_file(weights, str(folder / WEIGHTS), metadata={"format": "pt"})
+    config = contract.config_dict(drafter.config, name)
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copyfile(contract.modeling_source(), folder / MODELING)
+
+
+def save(folder: Path, epoch: int, step: int, drafter: DFlashDraftModel,
          state: dict[str, Any], metrics: Metrics) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / name(epoch, step)
     tmp = folder / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    weights = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
-    save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(config_json)
+    write_drafter(tmp, drafter, torch.float32)
     torch.save(state, tmp / STATE)
     (tmp / "metrics.json").write_bytes(msgspec.json.encode(metrics))
     if final.exists():
@@ -129,6 +145,39 @@ def rng_state() -> dict[str, Any]:
 def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
+
+
+def choose(out: Path, which: str) -> Path:
+    """A folder, or "best" (best.json, else the latest) or "latest" (also "last")."""
+    if which not in ("best", "latest", "last"):
+        path = Path(which)
+        if not path.is_dir():
+            raise CheckpointError(f"{path}: no such checkpoint folder")
+        return path
+    best = read_best(out) if which == "best" else None
+    if best is not None and (out / best.checkpoint / WEIGHTS).exists():
+        return out / best.checkpoint
+    last = latest(out)
+    if last is None:
+        raise CheckpointError(f"{out}: no checkpoint yet; run `fleetdeck-train train` first")
+    return last
+
+
+def load_drafter(ckpt: Path, target: TargetFacts | None,
+                 device: torch.device | None = None) -> DFlashDraftModel:
+    """A checkpoint's drafter, after checking the folder against its target (problems name
+    the file and the key)."""
+    found = contract.problems(ckpt, target, full=False)
+    if found:
+        raise CheckpointError("; ".join(found))
+    try:
+        drafter = DFlashDraftModel(contract.load_config(ckpt))
+    except (ContractError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{ckpt / CONFIG}: cannot build the drafter: {exc}") from None
+    load_weights(ckpt, drafter)
+    if device is not None:
+        nn.Module.to(drafter, device)
+    return drafter.eval()
 
 
 def load_weights(ckpt: Path, drafter: nn.Module) -> None:

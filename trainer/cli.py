@@ -2,7 +2,8 @@
 
     fleetdeck-train prepare RUN.toml [--data SRC] [--endpoint-url URL] ...
     fleetdeck-train train RUN.toml [--resume] [--steps N]
-    fleetdeck-train evaluate RUN.toml [--checkpoint best|last|DIR] [--zero-context]
+    fleetdeck-train evaluate RUN.toml [--checkpoint best|latest|DIR] [--zero-context]
+    fleetdeck-train export RUN.toml [--checkpoint best|latest|DIR] [--to DIR]
 
 Exit codes: 0 ok; 1 a check failed (the quality gate, outputs that differ from greedy
 decoding); 2 a usage or input error (the message names the file and the key).
@@ -51,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("evaluate", help="speculative decoding on held-out prompts: tau")
     e.add_argument("spec")
-    e.add_argument("--checkpoint", default="best", help="best (default), last, or a folder")
+    e.add_argument("--checkpoint", default="best",
+                   help="best (default), latest (or last), or a checkpoint folder")
     e.add_argument("--prompts", type=int, help="held-out prompts (default [train] eval_prompts)")
     e.add_argument("--max-new-tokens", type=int)
     e.add_argument("--zero-context", action="store_true",
@@ -59,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--tie-margin", type=float,
                    help="logit gap under which a difference from greedy is a near tie")
     e.add_argument("--report", help="also write the report to this file")
+
+    x = sub.add_parser("export", help="the bfloat16 folder SGLang serves as the DFLASH draft")
+    x.add_argument("spec")
+    x.add_argument("--checkpoint", default="best",
+                   help="best (default), latest (or last), or a checkpoint folder")
+    x.add_argument("--to", help="destination folder (default RUN_DIR/export, which pull takes)")
     return parser
 
 
@@ -137,6 +145,19 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 1 if report.mismatches else 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from trainer.export import export
+    from trainer.paths import load_train_spec
+
+    spec, cfg = load_train_spec(args.spec)
+    report = export(spec, cfg, args.checkpoint, args.to)
+    _dump(report)
+    tau = f"tau {report.tau:.2f}" if report.tau is not None else "tau not measured yet"
+    print(f"fleetdeck-train export: {report.checkpoint} -> {report.out} ({tau}); serve with: "
+          + " ".join(report.sglang_args), file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
@@ -145,8 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     from trainer.checkpoint import CheckpointError
+    from trainer.contract import ContractError
     from trainer.data import DataError
     from trainer.evaluate import EvaluateError
+    from trainer.export import ExportError
     from trainer.prepare import PrepareError
     from trainer.shards import ShardError
     from trainer.sources import SourceError
@@ -158,12 +181,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _prepare(args)
         if args.command == "train":
             return _train(args, argv)
+        if args.command == "export":
+            return _export(args)
         return _evaluate(args)
     except GateRefused as exc:
         print(f"fleetdeck-train {args.command}: refused: {exc}", file=sys.stderr)
         return 1
     except (SpecError, SourceError, PrepareError, TargetError, TrainInputError, DataError,
-            ShardError, CheckpointError, EvaluateError) as exc:
+            ShardError, CheckpointError, EvaluateError, ContractError, ExportError) as exc:
         print(f"fleetdeck-train {args.command}: {exc}", file=sys.stderr)
         return 2
 

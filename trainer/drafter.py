@@ -1,26 +1,32 @@
 """The DFlash drafter: a few Qwen3 decoder layers conditioned on the target's hidden states.
 
-Per reference/dflash.md. Hidden states of several target layers are concatenated, projected
-by a bias-free linear layer (`fc`) and normalised (`hidden_norm`); that context enters every
-drafter layer as extra keys and values (the layer's own k/v projections, k_norm and RoPE at
-absolute positions). Queries come from the block only: `[anchor, MASK x (B-1)]`, embedded
-with the target's embeddings; the output at block position k, after the final norm and the
-target's LM head, predicts the token at position k (no shift). The layers are transformers'
-own `Qwen3DecoderLayer` (attention, MLP and norms, with its parameter names), so checkpoints
-have the z-lab DFlash layout: `layers.N.*`, `fc`, `hidden_norm`, `norm`.
+This file is also every checkpoint's modeling code: it is copied verbatim as `dflash.py` next
+to `config.json`, whose `auto_map` points at `DFlashDraftModel`, so that
+`AutoModel.from_pretrained(dir, trust_remote_code=True)` builds it. It therefore imports only
+torch and transformers (4.57 and 5.x) and nothing of fleetdeck.
+
+The method (z-lab/dflash `DFlashDraftModel`, whose state_dict names these are): the hidden
+states of several target layers are concatenated, projected by a bias-free `fc` and
+normalised once (`hidden_norm`). In every layer the queries come from the block only, and the
+keys and values from the same `k_proj`/`v_proj` (and per-head `k_norm`) applied to
+[projected context ; layer-normed block]; RoPE takes the last q_len positions for the queries
+and all positions for the keys. Attention is non-causal; the final `norm` is applied. A block
+is `[anchor, MASK x (B-1)]`, embedded with the target's embeddings; after the target's LM
+head, block position k predicts the token at position k (no shift).
 """
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
+import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import (
-    Qwen3DecoderLayer,
+    Qwen3MLP,
+    Qwen3PreTrainedModel,
     Qwen3RMSNorm,
     Qwen3RotaryEmbedding,
     rotate_half,
@@ -46,138 +52,166 @@ def build_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
     return ids
 
 
-@dataclass(frozen=True)
-class DFlashSettings:
-    block_size: int
-    mask_token_id: int
-    target_layer_ids: list[int] = field(default_factory=list)
-
-
-def drafter_config(target: Qwen3Config, layers: int, settings: DFlashSettings) -> Qwen3Config:
-    """The target's config at the target's width with the drafter's depth and DFlash keys."""
-    cfg = copy.deepcopy(target)
-    cfg.num_hidden_layers = layers
-    cfg.layer_types = ["full_attention"] * layers
-    cfg.use_cache = False
-    cfg.architectures = ["DFlashDraftModel"]
-    cfg.block_size = settings.block_size
-    cfg.dflash_config = {
-        "block_size": settings.block_size,
-        "mask_token_id": settings.mask_token_id,
-        "target_layer_ids": list(settings.target_layer_ids),
-    }
-    return cfg
-
-
-def settings_of(cfg: Qwen3Config) -> DFlashSettings:
-    d = cfg.dflash_config
-    return DFlashSettings(int(d["block_size"]), int(d["mask_token_id"]),
-                          [int(i) for i in d["target_layer_ids"]])
-
-
-def _rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    cos, sin = (t.unsqueeze(1) for t in rope)
-    return x * cos + rotate_half(x) * sin
-
-
 class DraftCache:
-    """Keys and values of the context, per layer, kept across speculative rounds.
+    """Keys and values per layer, with the `update` and `crop` of transformers' DynamicCache
+    (either one can be passed as `past_key_values`).
 
-    Only context goes in: block keys are recomputed every round, which is what z-lab's
-    crop of the draft cache back to `start` amounts to.
+    Each call appends [context ; block]; the caller then crops the block away again, as
+    z-lab's dflash_generate does, so only context stays across speculative rounds.
     """
 
     def __init__(self) -> None:
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
 
-    def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
-                                                                           torch.Tensor]:
-        if layer in self.keys:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx < len(self.keys):
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], key_states], dim=-2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], value_states], dim=-2)
+        else:
+            self.keys.append(key_states)
+            self.values.append(value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.keys[layer_idx].shape[-2]) if layer_idx < len(self.keys) else 0
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first `max_length` positions (negative: drop that many, as 5.x wants)."""
+        if max_length < 0:
+            max_length = self.get_seq_length() + max_length
+        self.keys = [k[..., :max_length, :] for k in self.keys]
+        self.values = [v[..., :max_length, :] for v in self.values]
 
 
-class DFlashLayer(Qwen3DecoderLayer):
-    """Qwen3's decoder layer, its attention reading the context as extra keys and values."""
+_compiled_flex: Any = None
+
+
+def _flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any,
+                    scale: float) -> torch.Tensor:
+    """flex_attention with a BlockMask: compiled on CUDA (fused, never materialises the
+    scores); eager elsewhere, which torch 2.13 runs forward-only on the CPU."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn: Any = flex_attention
+    if q.device.type == "cuda":
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention)
+        fn = _compiled_flex
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
+        out: torch.Tensor = fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+    return out
+
+
+class DFlashAttention(nn.Module):
+    """Qwen3 attention whose keys and values also cover the injected context."""
 
     def __init__(self, config: Qwen3Config, layer_idx: int) -> None:
-        super().__init__(config, layer_idx)
-        self.layer_index = layer_idx
-
-    def forward(
-        self, hidden_states: torch.Tensor, context: torch.Tensor, rope_q: Rope,
-        rope_ctx: Rope, attention_mask: torch.Tensor | None = None,
-        cache: DraftCache | None = None,
-    ) -> torch.Tensor:
-        residual = hidden_states
-        x = self.input_layernorm(hidden_states)
-        hidden_states = residual + self._attend(x, context, rope_q, rope_ctx, attention_mask,
-                                                cache)
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
-
-    def _attend(self, x: torch.Tensor, context: torch.Tensor, rope_q: Rope, rope_ctx: Rope,
-                attention_mask: torch.Tensor | None, cache: DraftCache | None) -> torch.Tensor:
-        attn = self.self_attn
-        b, n, _ = x.shape
-        c = context.shape[1]
-        d = attn.head_dim
-        q = _rope(attn.q_norm(attn.q_proj(x).view(b, n, -1, d)).transpose(1, 2), rope_q)
-        k = _rope(attn.k_norm(attn.k_proj(x).view(b, n, -1, d)).transpose(1, 2), rope_q)
-        v = attn.v_proj(x).view(b, n, -1, d).transpose(1, 2)
-        # The same projections for context and block (the context is not layer-normed
-        # again: hidden_norm already did), RoPE at the context's own positions.
-        kc = _rope(attn.k_norm(attn.k_proj(context).view(b, c, -1, d)).transpose(1, 2),
-                   rope_ctx)
-        vc = attn.v_proj(context).view(b, c, -1, d).transpose(1, 2)
-        if cache is not None:
-            kc, vc = cache.extend(self.layer_index, kc, vc)
-        keys = torch.cat([kc, k], dim=2)
-        values = torch.cat([vc, v], dim=2)
-        # Non-causal: with no mask a block sees all the context it is given and all of
-        # itself, which is what inference needs; training passes the block mask.
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attention_mask,
-                                             scale=attn.scaling, enable_gqa=True)
-        return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-
-
-class DFlashDrafter(nn.Module):
-    def __init__(self, config: Qwen3Config) -> None:
         super().__init__()
-        self.config = config
-        self.settings = settings_of(config)
+        self.layer_idx = layer_idx
+        self.head_dim = int(getattr(config, "head_dim", None)
+                            or config.hidden_size // config.num_attention_heads)
+        self.scaling = self.head_dim ** -0.5
+        heads = int(config.num_attention_heads)
+        kv_heads = int(config.num_key_value_heads or heads)
+        bias = bool(config.attention_bias)
+        self.q_proj = nn.Linear(config.hidden_size, heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, target_hidden: torch.Tensor, rope: Rope,
+                attention_mask: Any = None, past_key_values: Any = None) -> torch.Tensor:
+        b, q_len, _ = hidden_states.shape
+        d = self.head_dim
+        q = self.q_norm(self.q_proj(hidden_states).view(b, q_len, -1, d)).transpose(1, 2)
+        # One projection for context and block: the context is hidden_norm's output, not
+        # layer-normed again; k_norm acts per head on both.
+        n = target_hidden.shape[1] + q_len
+        k = torch.cat([self.k_proj(target_hidden), self.k_proj(hidden_states)], dim=1)
+        v = torch.cat([self.v_proj(target_hidden), self.v_proj(hidden_states)], dim=1)
+        k = self.k_norm(k.view(b, n, -1, d)).transpose(1, 2)
+        v = v.view(b, n, -1, d).transpose(1, 2)
+        cos, sin = (t.unsqueeze(1) for t in rope)
+        # The queries are the last q_len positions; the keys are all of them.
+        q = q * cos[..., -q_len:, :] + rotate_half(q) * sin[..., -q_len:, :]
+        k = k * cos + rotate_half(k) * sin
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+            out = _flex_attention(q, k, v, attention_mask, self.scaling)
+        else:
+            # Non-causal: without a mask a block sees every key it is given, both ways.
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask,
+                                                 scale=self.scaling, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: Qwen3Config, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size,
+                                                     eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, target_hidden: torch.Tensor, rope: Rope,
+                attention_mask: Any = None, past_key_values: Any = None) -> torch.Tensor:
+        h = hidden_states + self.self_attn(self.input_layernorm(hidden_states), target_hidden,
+                                           rope, attention_mask, past_key_values)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+
+class DFlashDraftModel(Qwen3PreTrainedModel):
+    """The drafter; `forward` takes z-lab's keyword arguments.
+
+    config: a Qwen3 config with `dflash_config` {target_layer_ids, mask_token_id} and
+    `block_size`. The target's embeddings and LM head are not part of it.
+    """
+
+    config_class = Qwen3Config
+    _no_split_modules = ["DFlashDecoderLayer"]  # noqa: RUF012 (transformers' own attribute)
+
+    def __init__(self, config: Qwen3Config) -> None:
+        super().__init__(config)
+        dflash = config.dflash_config
+        self.target_layer_ids = [int(i) for i in dflash["target_layer_ids"]]
+        self.mask_token_id = int(dflash["mask_token_id"])
+        self.block_size = int(config.block_size)
         hidden = config.hidden_size
-        n_features = len(self.settings.target_layer_ids)
         self.layers = nn.ModuleList(
-            [DFlashLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.fc = nn.Linear(n_features * hidden, hidden, bias=False)
+            [DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.fc = nn.Linear(len(self.target_layer_ids) * hidden, hidden, bias=False)
         self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
-        std = config.initializer_range
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        self.post_init()
 
-    def forward(self, noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
-                positions: torch.Tensor, ctx_positions: torch.Tensor,
-                attention_mask: torch.Tensor | None = None,
-                cache: DraftCache | None = None) -> torch.Tensor:
-        """Hidden states of the block tokens (before the LM head).
+    def forward(self, position_ids: torch.Tensor, attention_mask: Any = None,
+                noise_embedding: torch.Tensor | None = None,
+                target_hidden: torch.Tensor | None = None, past_key_values: Any = None,
+                use_cache: bool = False, **kwargs: Any) -> torch.Tensor:
+        """Hidden states of the block tokens, after the final norm (before the LM head).
 
-        noise_embedding [b, Q, H]: embedded block tokens; target_hidden [b, C, n*H]: the
-        concatenated target features of the context (only the new ones with a cache);
-        positions [b, Q] and ctx_positions [b, C]: absolute positions; attention_mask
-        [b, 1, Q, C+Q] bool (True = may attend) or None.
+        position_ids [b, C+Q]: the context's then the block's absolute positions (with a
+        cache, only the new context's); noise_embedding [b, Q, H]: the embedded block;
+        target_hidden [b, C, K*H]: the concatenated target features of the (new) context;
+        attention_mask: None, a bool [b, 1, Q, C+Q] (True = may attend) or a flex BlockMask;
+        past_key_values: a DraftCache or transformers DynamicCache.
         """
+        if noise_embedding is None or target_hidden is None:
+            raise ValueError("DFlashDraftModel needs noise_embedding and target_hidden")
         context = self.hidden_norm(self.fc(target_hidden))
-        rope_q = self.rotary_emb(noise_embedding, positions)
-        rope_ctx = self.rotary_emb(context, ctx_positions)
+        rope = self.rotary_emb(noise_embedding, position_ids)
         h = noise_embedding
         for layer in self.layers:
-            h = layer(h, context, rope_q, rope_ctx, attention_mask, cache)
-        return self.norm(h)
+            h = layer(h, context, rope, attention_mask, past_key_values)
+        out: torch.Tensor = self.norm(h)
+        return out

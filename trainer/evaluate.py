@@ -15,15 +15,14 @@ from typing import Any
 
 import msgspec
 import torch
-from transformers import Qwen3Config
 
+from agents.rundir.atomic import atomic_write
 from agents.rundir.spec import RunSpec, TrainSection
 from trainer import checkpoint as ckpt
-from trainer.drafter import DFlashDrafter
 from trainer.paths import resolve
 from trainer.shards import ShardSet
 from trainer.speculative import compare, greedy, speculative
-from trainer.target import load_target
+from trainer.target import load_target, target_facts
 from trainer.train import resolve_dtype
 
 log = logging.getLogger("fleetdeck.train.evaluate")
@@ -61,34 +60,6 @@ class EvalReport(msgspec.Struct):
     created_at: float = msgspec.field(default_factory=time.time)
 
 
-def choose_checkpoint(out: Path, which: str) -> Path:
-    """A folder, or "best" (best.json, else the latest) or "last"."""
-    if which not in ("best", "last"):
-        path = Path(which)
-        if not (path / ckpt.WEIGHTS).exists():
-            raise EvaluateError(f"{path}: not a checkpoint (no {ckpt.WEIGHTS})")
-        return path
-    best = ckpt.read_best(out) if which == "best" else None
-    if best is not None and (out / best.checkpoint / ckpt.WEIGHTS).exists():
-        return out / best.checkpoint
-    last = ckpt.latest(out)
-    if last is None:
-        raise EvaluateError(f"{out}: no checkpoint yet; run `fleetdeck-train train` first")
-    return last
-
-
-def load_drafter(path: Path, device: torch.device) -> DFlashDrafter:
-    try:
-        config = Qwen3Config.from_json_file(str(path / "config.json"))
-    except (OSError, ValueError) as exc:
-        raise EvaluateError(f"{path / 'config.json'}: cannot read: {exc}") from None
-    if not hasattr(config, "dflash_config"):
-        raise EvaluateError(f"{path / 'config.json'}: no dflash_config: not a DFlash drafter")
-    drafter = DFlashDrafter(config)
-    ckpt.load_weights(path, drafter)
-    return drafter.to(device).eval()
-
-
 def stop_tokens(target: Any, tokenizer: Any) -> set[int]:
     stop: set[int] = set()
     for source in (getattr(target, "generation_config", None), target.config):
@@ -114,7 +85,9 @@ def evaluate(spec: RunSpec, cfg: TrainSection, which: str = "best", prompts: int
     # near ties that fp32 would separate.
     margin = tie_margin if tie_margin is not None else (
         0.1 if dtype == torch.bfloat16 else 1e-3)
-    path = choose_checkpoint(paths.output, which)
+    path = ckpt.choose(paths.output, which)
+    # The checkpoint is checked against the target's config before anything heavy loads.
+    drafter = ckpt.load_drafter(path, target_facts(paths.target), device)
     held = ShardSet(paths.prepared, "heldout")
     n = min(prompts or cfg.eval_prompts, len(held))
     if n == 0:
@@ -122,7 +95,6 @@ def evaluate(spec: RunSpec, cfg: TrainSection, which: str = "best", prompts: int
                             "heldout_share above 0 and prepare again")
     target = load_target(paths.target, dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(paths.tokenizer)
-    drafter = load_drafter(path, device)
     stop = stop_tokens(target, tokenizer)
     limit = max_new or cfg.eval_max_new_tokens
     results: list[PromptResult] = []
@@ -147,7 +119,7 @@ def evaluate(spec: RunSpec, cfg: TrainSection, which: str = "best", prompts: int
                                     c.equal, c.near_tie, c.first_difference))
     spec_rate = sum(r.tokens for r in results) / spec_s if spec_s else 0.0
     greedy_rate = greedy_tokens / greedy_s if greedy_s else 0.0
-    return EvalReport(
+    report = EvalReport(
         checkpoint=str(path), prompts=n, tau=tokens / forwards if forwards else 0.0,
         tokens=tokens, target_forwards=forwards, equal=sum(r.equal for r in results),
         near_ties=sum((not r.equal) and r.near_tie for r in results),
@@ -155,3 +127,22 @@ def evaluate(spec: RunSpec, cfg: TrainSection, which: str = "best", prompts: int
         zero_context=zero_context, tie_margin=margin,
         speculative_tokens_per_s=spec_rate, greedy_tokens_per_s=greedy_rate,
         speedup=spec_rate / greedy_rate if greedy_rate else 0.0, results=results)
+    record(path, report)
+    return report
+
+
+def record(path: Path, report: EvalReport) -> None:
+    """Keep the measured tau with the checkpoint (export's README quotes it); the ablation
+    is kept apart so that it never passes for the drafter's tau."""
+    name = ckpt.EVALUATION if not report.zero_context else "evaluation.zero_context.json"
+    try:
+        atomic_write(path / name, msgspec.json.encode(report))
+    except OSError as exc:
+        log.warning("%s: cannot keep the evaluation beside the checkpoint: %s", path, exc)
+
+
+def read_evaluation(path: Path) -> EvalReport | None:
+    try:
+        return msgspec.json.decode((path / ckpt.EVALUATION).read_bytes(), type=EvalReport)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None

@@ -10,6 +10,7 @@ greedily is a close stand-in for speculative decoding's tau.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +20,19 @@ from trainer.blocks import (
     Anchors,
     block_labels,
     block_mask,
-    block_positions,
     block_tokens,
+    flex_block_mask,
+    position_ids,
 )
+
+# "sdpa": a dense boolean [b, 1, N*B, S + N*B] mask; "flex": flex_attention with a BlockMask
+# from the same rule (no dense mask; CUDA only for training, torch has no flex backward on
+# the CPU).
+Attention = Literal["sdpa", "flex"]
+
+
+def attention_for(device: torch.device) -> Attention:
+    return "flex" if device.type == "cuda" else "sdpa"
 
 
 @dataclass
@@ -84,17 +95,22 @@ def accept_lengths(correct: torch.Tensor, labelled: torch.Tensor) -> torch.Tenso
 
 def block_loss(drafter: nn.Module, embed: nn.Module, head: nn.Module,
                feats: torch.Tensor, batch: Batch, anchors: Anchors, mask_token_id: int,
-               weights: torch.Tensor) -> tuple[torch.Tensor, BlockStats]:
+               weights: torch.Tensor, attention: Attention = "sdpa",
+               ) -> tuple[torch.Tensor, BlockStats]:
     """The weighted loss of one batch (a scalar with a graph) and its stats."""
     block_size = weights.shape[0]
     ids = batch.input_ids
-    b, s = ids.shape
+    s = ids.shape[1]
     pos = anchors.positions.to(ids.device)
     anchors = Anchors(pos, anchors.valid.to(ids.device))
     noise = embed(block_tokens(ids, pos, block_size, mask_token_id))
-    ctx_positions = torch.arange(s, device=ids.device).expand(b, s)
-    hidden = drafter(noise, feats, block_positions(pos, block_size), ctx_positions,
-                     block_mask(pos, s, block_size))
+    # Padded anchor slots (valid False) are not masked out: their blocks see themselves,
+    # carry no loss and nobody sees them, and no query row is empty (an empty row is NaN
+    # on some SDPA backends).
+    build = flex_block_mask if attention == "flex" else block_mask
+    hidden = drafter(position_ids=position_ids(pos, s, block_size),
+                     attention_mask=build(pos, None, s, block_size), noise_embedding=noise,
+                     target_hidden=feats)
     labels, w = block_labels(ids, batch.loss_mask, batch.lengths, anchors, weights)
     flat_w = w.flatten()
     sel = flat_w > 0

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from trainer.drafter import DFlashDrafter, DraftCache
+from trainer.drafter import DFlashDraftModel, DraftCache
 from trainer.target import (
     cache_kwarg,
     crop,
@@ -71,11 +71,10 @@ def greedy(target: Any, prompt: torch.Tensor, max_new: int, stop: set[int]) -> D
 
 
 @torch.inference_mode()
-def speculative(target: Any, drafter: DFlashDrafter, prompt: torch.Tensor, max_new: int,
+def speculative(target: Any, drafter: DFlashDraftModel, prompt: torch.Tensor, max_new: int,
                 stop: set[int], zero_context: bool = False) -> Decoded:
     """Speculative decoding; `zero_context` zeroes the target features the drafter sees
     (an ablation: a drafter that ignores its context drafts as well without them)."""
-    s = drafter.settings
     device = prompt.device
     embed, head = embeddings(target), lm_head(target)
     kw = cache_kwarg(target)
@@ -86,19 +85,23 @@ def speculative(target: Any, drafter: DFlashDrafter, prompt: torch.Tensor, max_n
                  output_hidden_states=True, **{kw: cache})
     first = int(out.logits[0, -1].argmax())
     result = Decoded([first])
-    ctx = select_features(out.hidden_states, s.target_layer_ids)
+    ids = drafter.target_layer_ids
+    ctx = select_features(out.hidden_states, ids)
     ctx_start = 0
     start = p  # the position of the last token, which the target has not seen yet
     while first not in stop and len(result.tokens) < max_new:
-        size = min(s.block_size, max_new - len(result.tokens) + 1)
-        block = torch.full((1, size), s.mask_token_id, dtype=torch.long, device=device)
+        size = min(drafter.block_size, max_new - len(result.tokens) + 1)
+        block = torch.full((1, size), drafter.mask_token_id, dtype=torch.long, device=device)
         block[0, 0] = result.tokens[-1]
         if size > 1:
             dtype = next(drafter.parameters()).dtype
             feats = torch.zeros_like(ctx) if zero_context else ctx
-            hidden = drafter(embed(block).to(dtype), feats.to(dtype),
-                             _positions(start, size, device),
-                             _positions(ctx_start, ctx.shape[1], device), None, draft_cache)
+            hidden = drafter(position_ids=_positions(ctx_start, ctx.shape[1] + size, device),
+                             noise_embedding=embed(block).to(dtype),
+                             target_hidden=feats.to(dtype), past_key_values=draft_cache,
+                             use_cache=True)
+            # The cache keeps the context only; the block is drafted anew next round.
+            draft_cache.crop(start)
             block[0, 1:] = head(hidden[:, 1:].to(head.weight.dtype)).argmax(dim=-1)[0]
         out = target(input_ids=block, position_ids=_positions(start, size, device),
                      use_cache=True, output_hidden_states=True, **{kw: cache})
@@ -118,7 +121,7 @@ def speculative(target: Any, drafter: DFlashDrafter, prompt: torch.Tensor, max_n
         # The target keeps the anchor and the accepted drafts; the next anchor is the
         # bonus token, which it has not seen yet.
         crop(cache, start + accepted + 1)
-        ctx = select_features(out.hidden_states, s.target_layer_ids)[:, : accepted + 1]
+        ctx = select_features(out.hidden_states, ids)[:, : accepted + 1]
         ctx_start = start
         start += accepted + 1
     return result

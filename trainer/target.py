@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.contract import MASK_TOKEN, TargetFacts
 from trainer.drafter import build_target_layer_ids
 
 
@@ -37,18 +38,22 @@ def num_layers(target: Any) -> int:
 
 
 def layer_ids(target: Any, configured: list[int] | None, count: int) -> list[int]:
-    """The configured ids, checked against the target's depth, or evenly spaced ones."""
+    """The configured ids, checked against the target's depth, or evenly spaced ones;
+    sorted, because SGLang concatenates the features in layer order."""
     n = num_layers(target)
     if configured is None:
         try:
             return build_target_layer_ids(n, count)
         except ValueError as exc:
             raise TargetError(f"[train] target_features: {exc}") from None
-    bad = [i for i in configured if not 0 <= i < n]
+    # SGLang captures layer i as the input of layer i + 1: the last layer has none.
+    bad = [i for i in configured if not 0 <= i <= n - 2]
     if bad:
-        raise TargetError(f"[train] target_layer_ids: {bad} not in 0..{n - 1} "
-                          f"(the target has {n} layers)")
-    return list(configured)
+        raise TargetError(f"[train] target_layer_ids: {bad} not in 0..{n - 2} (the target "
+                          f"has {n} layers; SGLang cannot capture the last one)")
+    if len(set(configured)) != len(configured):
+        raise TargetError(f"[train] target_layer_ids: {configured} repeats a layer")
+    return sorted(configured)
 
 
 def embeddings(target: Any) -> nn.Module:
@@ -95,14 +100,21 @@ def crop(cache: Any, length: int) -> None:
 
 
 def choose_mask_token(configured: int | None, tokenizer: Any, embedding_rows: int) -> int:
-    """The block's mask token: `[train] mask_token_id`, else the tokenizer's mask token,
-    else the first embedding row past the tokenizer's vocabulary (for Qwen3 that is 151669,
-    the id z-lab's drafts use)."""
+    """The block's mask token: `[train] mask_token_id`, else the tokenizer's `<|MASK|>`, else
+    its own mask token, else the first embedding row past the tokenizer's vocabulary (for
+    Qwen3 that is 151669, the id z-lab's drafts use, where SGLang and SpecForge add
+    `<|MASK|>`). SGLang refuses a config whose id differs from the tokenizer's `<|MASK|>`."""
+    mapped = tokenizer.get_vocab().get(MASK_TOKEN)
     if configured is not None:
-        if configured >= embedding_rows:
-            raise TargetError(f"[train] mask_token_id: {configured} is past the target's "
+        if not 0 <= configured < embedding_rows:
+            raise TargetError(f"[train] mask_token_id: {configured} is outside the target's "
                               f"{embedding_rows} embedding rows")
+        if mapped is not None and mapped != configured:
+            raise TargetError(f"[train] mask_token_id: {configured}, but the tokenizer maps "
+                              f"{MASK_TOKEN} to {mapped}; SGLang refuses that, use {mapped}")
         return configured
+    if mapped is not None:
+        return int(mapped)
     own = getattr(tokenizer, "mask_token_id", None)
     if own is not None:
         return int(own)
@@ -111,3 +123,14 @@ def choose_mask_token(configured: int | None, tokenizer: Any, embedding_rows: in
         return n
     raise TargetError("[train] mask_token_id: the tokenizer has no mask token and the target "
                       "no spare embedding row; set one")
+
+
+def target_facts(path: str) -> TargetFacts:
+    """The target's depth, width and vocabulary from its config alone (no weights)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise TargetError(f"target {path}: cannot read its config: {exc}") from None
+    return TargetFacts.of(config)

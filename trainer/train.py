@@ -28,11 +28,19 @@ from agents.ewma import EwmaRate
 from agents.rundir.spec import RunSpec, TrainSection
 from trainer import checkpoint as ckpt
 from trainer import distributed
-from trainer.blocks import default_gamma, position_weights, sample_anchors
+from trainer.blocks import (
+    ANCHOR_RULES,
+    DEFAULT_ANCHOR_RULE,
+    AnchorRule,
+    default_gamma,
+    position_weights,
+    sample_anchors,
+)
+from trainer.contract import DFlashSettings, drafter_config
 from trainer.data import StepPlan, load_batch
 from trainer.distributed import Dist
-from trainer.drafter import DFlashDrafter, DFlashSettings, drafter_config
-from trainer.objective import BlockStats, block_loss
+from trainer.drafter import DFlashDraftModel
+from trainer.objective import BlockStats, attention_for, block_loss
 from trainer.paths import TrainPaths, resolve
 from trainer.progress import ProgressWriter
 from trainer.report import REPORT_NAME, report_decoder
@@ -75,6 +83,16 @@ def warmup_cosine(total: int, warmup_ratio: float) -> Callable[[int], float]:
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def anchor_rule(cfg: TrainSection) -> AnchorRule:
+    """`[train] anchor_rule` ("supervised_next", the default, or "whole_block": the old rule,
+    room for a whole block after the anchor)."""
+    rule = getattr(cfg, "anchor_rule", DEFAULT_ANCHOR_RULE)
+    if rule not in ANCHOR_RULES:
+        raise TrainInputError(f"[train] anchor_rule: {rule!r}, expected one of "
+                              + ", ".join(ANCHOR_RULES))
+    return rule
 
 
 def anchor_seed(*parts: int) -> int:
@@ -129,8 +147,10 @@ class Trainer:
             cfg.block_size, choose_mask_token(cfg.mask_token_id, tok, rows),
             layer_ids(self.target, cfg.target_layer_ids, cfg.target_features))
         self.drafter_cfg = drafter_config(self.target.config, cfg.drafter_layers, self.settings)
+        self.anchor_rule = anchor_rule(cfg)
+        self.attention = attention_for(self.device)
         torch.manual_seed(cfg.seed)
-        self.drafter = DFlashDrafter(self.drafter_cfg).to(self.device)
+        self.drafter = DFlashDraftModel(self.drafter_cfg).float().to(self.device)
         self.embed, self.head = embeddings(self.target), lm_head(self.target)
         self.weights = position_weights(cfg.block_size,
                                         cfg.gamma or default_gamma(cfg.block_size))
@@ -208,10 +228,11 @@ class Trainer:
         feats = features(self.target, batch.input_ids, batch.attention_mask,
                          self.settings.target_layer_ids)
         anchors = sample_anchors(batch.loss_mask.cpu(), batch.lengths.cpu(), self.cfg.anchors,
-                                 self.cfg.block_size, torch.Generator().manual_seed(seed))
+                                 self.cfg.block_size, torch.Generator().manual_seed(seed),
+                                 self.anchor_rule)
         with autocast(self.device, self.dtype):
             return block_loss(model, self.embed, self.head, feats, batch, anchors,
-                              self.settings.mask_token_id, self.weights)
+                              self.settings.mask_token_id, self.weights, self.attention)
 
     def train_step(self) -> BlockStats:
         self.model.train()
@@ -268,8 +289,7 @@ class Trainer:
                      "world_size": self.d.world, "optimizer": self.opt.state_dict(),
                      "scheduler": self.sched.state_dict(), "rng": ckpt.rng_state(),
                      "seed": self.cfg.seed}
-            path = ckpt.save(out, epoch, self.step, self.drafter,
-                             self.drafter_cfg.to_json_string(), state, metrics)
+            path = ckpt.save(out, epoch, self.step, self.drafter, state, metrics)
             ckpt.update_best(out, path, metrics)
             ckpt.prune(out, self.cfg.keep_last)
             self.last_ckpt = path.name

@@ -15,11 +15,13 @@ from torch import nn
 
 from trainer.blocks import (
     Anchors,
+    anchor_candidates,
     block_labels,
     block_mask,
     block_positions,
     block_tokens,
     default_gamma,
+    position_ids,
     position_weights,
     sample_anchors,
 )
@@ -28,8 +30,10 @@ from trainer.objective import Batch, block_loss
 
 def test_mask_context_before_anchor_own_block_both_ways_never_another_block() -> None:
     anchors = torch.tensor([[3, 7], [0, 5]])
+    keep = torch.tensor([[True, True], [True, False]])
     s, bsz = 10, 4
-    mask = block_mask(anchors, s, bsz)
+    mask = block_mask(anchors, None, s, bsz)
+    kept = block_mask(anchors, keep, s, bsz)
     assert mask.shape == (2, 1, 2 * bsz, s + 2 * bsz) and mask.dtype == torch.bool
     for r in range(2):
         for q in range(2 * bsz):
@@ -39,6 +43,8 @@ def test_mask_context_before_anchor_own_block_both_ways_never_another_block() ->
                 # its own, earlier and later tokens alike.
                 want = key < int(anchors[r, qb]) if key < s else (key - s) // bsz == qb
                 assert bool(mask[r, 0, q, key]) == want, (r, q, key)
+                # A block not kept (a padding slot) sees nothing, as in SpecForge.
+                assert bool(kept[r, 0, q, key]) == (want and bool(keep[r, qb])), (r, q, key)
 
 
 def test_block_inputs_and_positions() -> None:
@@ -47,6 +53,8 @@ def test_block_inputs_and_positions() -> None:
     tokens = block_tokens(ids, anchors, 4, mask_token_id=7)
     assert tokens.tolist() == [[102, 7, 7, 7, 109, 7, 7, 7]]
     assert block_positions(anchors, 4).tolist() == [[2, 3, 4, 5, 9, 10, 11, 12]]
+    assert position_ids(anchors, 5, 4).tolist() == [[0, 1, 2, 3, 4,
+                                                     2, 3, 4, 5, 9, 10, 11, 12]]
 
 
 def test_label_k_is_the_token_at_anchor_plus_k() -> None:
@@ -79,13 +87,15 @@ class PositionOracle(nn.Module):
         self.s = s
         self.scale = nn.Parameter(torch.ones(()))
 
-    def forward(self, noise, feats, positions, ctx_positions, mask):
-        return nn.functional.one_hot(positions, self.s).float() * self.scale
+    def forward(self, position_ids, attention_mask, noise_embedding, target_hidden):
+        blocks = position_ids[:, target_hidden.shape[1]:].clamp(max=self.s - 1)
+        return nn.functional.one_hot(blocks, self.s).float() * self.scale
 
 
 def test_a_drafter_that_predicts_the_token_at_its_position_is_always_right() -> None:
     """The whole objective, composed: if position k's output is the token at anchor + k,
-    accuracy is 1 and every block accepts fully. Labels shifted by one would score 0."""
+    accuracy is 1 and every block accepts all its labels (a block at the end has fewer).
+    Labels shifted by one would score 0."""
     s, bsz, vocab = 40, 8, 64
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab - 1, (2, s), generator=gen)
@@ -108,7 +118,10 @@ def test_a_drafter_that_predicts_the_token_at_its_position_is_always_right() -> 
                               torch.zeros(1, s, 4), one, a, vocab - 1,
                               position_weights(bsz, default_gamma(bsz)))
         assert stats.accuracy == [1.0] * (bsz - 1)
-        assert stats.accept_length == bsz
+        ends = a.positions[a.valid].tolist()
+        assert any(p > int(lengths[row]) - bsz for p in ends), "blocks reach past the end"
+        full = [1 + min(bsz - 1, int(lengths[row]) - 1 - p) for p in ends]
+        assert stats.accept_length == pytest.approx(sum(full) / len(full))
 
 
 def test_position_weights_decay_from_position_one() -> None:
@@ -134,7 +147,7 @@ def test_loss_is_normalised_by_the_weights() -> None:
     assert stats.loss == pytest.approx(math.log(vocab), rel=1e-5)
 
 
-def test_anchors_on_answer_positions_with_room_for_a_block_redrawn_each_step() -> None:
+def test_anchors_on_supervised_tokens_whose_next_is_supervised_redrawn_each_step() -> None:
     s, bsz = 60, 8
     mask = torch.zeros(3, s, dtype=torch.bool)
     mask[0, 20:] = True
@@ -147,7 +160,8 @@ def test_anchors_on_answer_positions_with_room_for_a_block_redrawn_each_step() -
         for r in range(3):
             pos = a.positions[r][a.valid[r]]
             assert len(pos) <= 12 and len(set(pos.tolist())) == len(pos)
-            assert all(bool(mask[r, p]) and p <= lengths[r] - bsz for p in pos.tolist())
+            assert all(bool(mask[r, p]) and bool(mask[r, p + 1]) and p + 1 < lengths[r]
+                       for p in pos.tolist())
         assert a.valid[0].sum() == 12 and a.valid[2].sum() == 0
         draws.append(a.positions[0].tolist())
     assert draws[0] != draws[1], "anchors are drawn again every step"
@@ -168,3 +182,33 @@ def test_an_empty_loss_mask_gives_zero_loss_and_a_working_backward() -> None:
     loss.backward()
     assert float(loss.detach()) == 0.0 and drafter.scale.grad is not None
     assert stats.loss is None and stats.accept_length is None
+
+
+def test_short_answers_train_their_last_tokens_at_early_block_positions() -> None:
+    """An answer shorter than a block: with the default rule every token of it but the
+    first is a label at block position 1 (the end of turn included); the part of a block
+    past the end weighs nothing. The old rule ("whole_block") finds no anchor at all."""
+    bsz, answer = 16, 6
+    prompt = 20
+    s = prompt + answer
+    ids = torch.arange(100, 100 + s)[None]
+    loss_mask = torch.zeros(1, s, dtype=torch.bool)
+    loss_mask[0, prompt:] = True  # ..., the last token is <|im_end|>'s newline
+    lengths = torch.tensor([s])
+    assert not anchor_candidates(loss_mask[0], s, bsz, "whole_block").any()
+    cand = anchor_candidates(loss_mask[0], s, bsz)
+    assert torch.nonzero(cand).flatten().tolist() == list(range(prompt, s - 1))
+    anchors = sample_anchors(loss_mask, lengths, 512, bsz, torch.Generator().manual_seed(0))
+    assert anchors.positions[0].tolist() == list(range(prompt, s - 1))
+    labels, w = block_labels(ids, loss_mask, lengths, anchors, position_weights(bsz, 7.0))
+    # Block position 1 of each anchor is the next token, down to the very last one.
+    assert labels[0, :, 1].tolist() == list(range(100 + prompt + 1, 100 + s))
+    assert (w[0, :, 1] == 1.0).all()
+    for n, a in enumerate(range(prompt, s - 1)):
+        inside = s - a  # block positions 0..inside-1 are inside the sequence
+        assert (w[0, n, 1:inside] > 0).all() and (w[0, n, inside:] == 0).all(), a
+    old = sample_anchors(loss_mask, lengths, 512, bsz, torch.Generator().manual_seed(0),
+                         "whole_block")
+    assert not old.valid.any()
+    with pytest.raises(ValueError, match="anchor rule 'late'"):
+        anchor_candidates(loss_mask[0], s, bsz, "late")  # type: ignore[arg-type]

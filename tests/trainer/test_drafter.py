@@ -6,14 +6,9 @@ from __future__ import annotations
 import torch
 
 from tests.trainer.tinyworld import World
-from trainer.blocks import block_mask, block_positions
-from trainer.drafter import (
-    DFlashDrafter,
-    DFlashSettings,
-    DraftCache,
-    build_target_layer_ids,
-    drafter_config,
-)
+from trainer.blocks import block_mask, position_ids
+from trainer.contract import DFlashSettings, drafter_config
+from trainer.drafter import DFlashDraftModel, DraftCache, build_target_layer_ids
 from trainer.target import features, layer_ids
 
 
@@ -48,17 +43,18 @@ def test_layer_i_is_the_output_of_decoder_layer_i(random_world: World) -> None:
         assert not torch.allclose(feats[..., n * h:(n + 1) * h], seen[i - 1])
 
 
-def _drafter(world: World, layers: int = 2) -> DFlashDrafter:
+def _drafter(world: World, layers: int = 2) -> DFlashDraftModel:
     torch.manual_seed(0)
     settings = DFlashSettings(4, len(world.tokenizer), [1, 3, 5])
-    return DFlashDrafter(drafter_config(world.model.config, layers, settings)).eval()
+    return DFlashDraftModel(drafter_config(world.model.config, layers, settings)).eval()
 
 
-def _run(drafter: DFlashDrafter, noise: torch.Tensor, feats: torch.Tensor,
+def _run(drafter: DFlashDraftModel, noise: torch.Tensor, feats: torch.Tensor,
          anchors: torch.Tensor) -> torch.Tensor:
     s = feats.shape[1]
-    return drafter(noise, feats, block_positions(anchors, 4), torch.arange(s)[None],
-                   block_mask(anchors, s, 4))
+    return drafter(position_ids=position_ids(anchors, s, 4),
+                   attention_mask=block_mask(anchors, None, s, 4), noise_embedding=noise,
+                   target_hidden=feats)
 
 
 def test_a_block_sees_context_before_its_anchor_and_itself_only(random_world: World) -> None:
@@ -107,12 +103,16 @@ def test_cached_context_equals_the_whole_context(random_world: World) -> None:
     h = random_world.model.config.hidden_size
     feats = torch.randn(1, 9, 3 * h)
     noise = torch.randn(1, 4, h)
-    pos = torch.arange(9, 13)[None]
     with torch.no_grad():
-        whole = drafter(noise, feats, pos, torch.arange(9)[None])
+        whole = drafter(position_ids=torch.arange(13)[None], noise_embedding=noise,
+                        target_hidden=feats)
         cache = DraftCache()
-        drafter(noise, feats[:, :5], torch.arange(5, 9)[None], torch.arange(5)[None], None, cache)
-        pieces = drafter(noise, feats[:, 5:], pos, torch.arange(5, 9)[None], None, cache)
+        drafter(position_ids=torch.arange(9)[None], noise_embedding=noise,
+                target_hidden=feats[:, :5], past_key_values=cache, use_cache=True)
+        assert cache.get_seq_length() == 9
+        cache.crop(5)  # the context stays, the block goes (z-lab's crop to `start`)
+        pieces = drafter(position_ids=torch.arange(5, 13)[None], noise_embedding=noise,
+                         target_hidden=feats[:, 5:], past_key_values=cache, use_cache=True)
     assert torch.allclose(whole, pieces, atol=1e-5)
 
 

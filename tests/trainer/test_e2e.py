@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,7 +26,8 @@ from tests.trainer.tinyworld import (
     write_batches,
     write_spec,
 )
-from trainer.drafter import DFlashDrafter, DFlashSettings, drafter_config
+from trainer.contract import DFlashSettings, drafter_config
+from trainer.drafter import DFlashDraftModel
 from trainer.evaluate import stop_tokens
 from trainer.shards import ShardSet
 from trainer.speculative import compare, greedy, speculative
@@ -61,7 +63,7 @@ def test_drafter_learns_to_draft_for_its_target(tmp_path: Path, taught_world: Wo
     # Before training: a drafter with random weights accepts (almost) nothing.
     settings = DFlashSettings(16, len(world.tokenizer), [1, 2, 3, 4, 5])
     torch.manual_seed(0)
-    untrained = DFlashDrafter(drafter_config(world.model.config, 1, settings)).eval()
+    untrained = DFlashDraftModel(drafter_config(world.model.config, 1, settings)).eval()
     stop = stop_tokens(world.model, world.tokenizer)
     taus = []
     for i in range(8):
@@ -93,5 +95,36 @@ def test_drafter_learns_to_draft_for_its_target(tmp_path: Path, taught_world: Wo
     assert r.returncode == 0, r.stderr
     zeroed_tau = json.loads(r.stdout)["tau"]
     assert zeroed_tau < trained_tau - 1.0 and zeroed_tau < 1.6, (zeroed_tau, trained_tau)
+
+    # The export is a working drafter: built by transformers from its own dflash.py, in
+    # bfloat16, it drafts as well as the checkpoint, and decoding still equals greedy.
+    r = cli(capsys, "export", str(spec))
+    assert r.returncode == 0, r.stderr
+    export = json.loads(r.stdout)
+    assert export["tau"] == pytest.approx(trained_tau), "the README quotes evaluate's tau"
+    served = load_served(Path(export["out"]), tmp_path / "hf-modules")
+    taus = []
+    for i in range(8):
+        row = held.row(i)
+        prompt = torch.as_tensor(row.input_ids[: row.prompt_len])[None]
+        got = speculative(world.model, served, prompt, 44, stop)
+        assert compare(got, greedy(world.model, prompt, 44, stop), 1e-3).equal
+        taus.append(got.tau)
+    served_tau = sum(taus) / len(taus)
+    assert served_tau >= trained_tau - 0.5, (served_tau, trained_tau)
     print(f"tau untrained {untrained_tau:.2f}, trained {trained_tau:.2f}, "
-          f"context zeroed {zeroed_tau:.2f}")
+          f"context zeroed {zeroed_tau:.2f}, exported (bf16, from_pretrained) "
+          f"{served_tau:.2f}")
+
+
+def load_served(folder: Path, modules: Path) -> Any:
+    """AutoModel.from_pretrained(trust_remote_code) with a private module cache."""
+    import transformers.dynamic_module_utils as dmu
+    from transformers import AutoModel
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dmu, "HF_MODULES_CACHE", str(modules))
+        m = AutoModel.from_pretrained(str(folder), trust_remote_code=True)
+    assert type(m).__module__.startswith("transformers_modules")
+    assert {p.dtype for p in m.parameters()} == {torch.bfloat16}
+    return m.eval()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -54,12 +55,26 @@ def test_paths_resolve_against_the_spec_and_the_run_dir(tmp_path: Path) -> None:
 
 
 def test_layer_ids_and_mask_token_checked_against_the_target(random_world: World) -> None:
-    with pytest.raises(TargetError, match=r"\[train\] target_layer_ids: \[9\] not in 0..7"):
-        layer_ids(random_world.model, [1, 9], 5)
-    assert layer_ids(random_world.model, [0, 3], 5) == [0, 3]
+    # Layer 7 of 8 is refused too: SGLang captures layer i as the input of layer i + 1.
+    with pytest.raises(TargetError, match=r"\[train\] target_layer_ids: \[7, 9\] not in "
+                                          r"0..6 \(the target has 8"):
+        layer_ids(random_world.model, [1, 7, 9], 5)
+    assert layer_ids(random_world.model, [0, 6], 5) == [0, 6]
+    assert layer_ids(random_world.model, [5, 2], 5) == [2, 5], "sorted: SGLang's order"
+    with pytest.raises(TargetError, match="repeats a layer"):
+        layer_ids(random_world.model, [2, 2], 5)
     rows = random_world.model.config.vocab_size
     assert choose_mask_token(None, random_world.tokenizer, rows) == len(random_world.tokenizer)
     with pytest.raises(TargetError, match=r"\[train\] mask_token_id"):
         choose_mask_token(rows, random_world.tokenizer, rows)
     with pytest.raises(TargetError, match=r"\[train\] mask_token_id"):
         choose_mask_token(None, random_world.tokenizer, len(random_world.tokenizer))
+    # A tokenizer that has <|MASK|> decides; a configured id that differs is refused, as
+    # SGLang would refuse the checkpoint.
+    tok = copy.deepcopy(random_world.tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": ["<|MASK|>"]})
+    mapped = tok.convert_tokens_to_ids("<|MASK|>")
+    assert choose_mask_token(None, tok, rows) == mapped
+    assert choose_mask_token(mapped, tok, rows) == mapped
+    with pytest.raises(TargetError, match=rf"maps <\|MASK\|> to {mapped}"):
+        choose_mask_token(mapped + 1, tok, rows)

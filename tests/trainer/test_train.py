@@ -83,7 +83,7 @@ def test_checkpoint_layout(tmp_path: Path, random_world: World,
     best = json.loads((out / "best.json").read_text())
     assert set(names) == {"epoch_0_step_2", "epoch_0_step_3", best["checkpoint"]}
     ckpt = out / "epoch_0_step_3"
-    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "config.json",
+    assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "config.json", "dflash.py",
                                                "training_state.pt", "metrics.json"}
     keys = load_file(str(ckpt / "model.safetensors")).keys()
     assert not any("embed" in k or "lm_head" in k for k in keys), "the target's own, frozen"
@@ -91,6 +91,11 @@ def test_checkpoint_layout(tmp_path: Path, random_world: World,
     assert config["dflash_config"] == {"block_size": 16,
                                        "mask_token_id": len(random_world.tokenizer),
                                        "target_layer_ids": [1, 2, 3, 4, 5]}
+    # float32 for an exact resume, and the config says so (the export makes bfloat16).
+    assert config["dtype"] == config["torch_dtype"] == "float32"
+    assert {t.dtype for t in load_file(str(ckpt / "model.safetensors")).values()} == {
+        torch.float32}
+    assert config["num_target_layers"] == random_world.model.config.num_hidden_layers
     assert config["num_hidden_layers"] == 1
     assert config["hidden_size"] == random_world.model.config.hidden_size
     state = torch.load(ckpt / "training_state.pt", weights_only=True)
