@@ -35,7 +35,7 @@ async def open_link(node: Node, accept_new: bool) -> AgentLink:
         await link.connect()
     except HostKeyProblem as exc:
         if exc.kind == "unknown" and accept_new:
-            fp = await accept_host_key(node)
+            fp = await accept_host_key(node, exc)  # the very key whose fingerprint was shown
             say(f"{node.name}: accepted new host key {fp}")
             await link.connect()
         else:

@@ -35,10 +35,17 @@ class Unreachable(ConnectionError):
 
 
 class HostKeyProblem(Unreachable):
-    def __init__(self, node: str, kind: str, fingerprint: str | None, known_hosts: str) -> None:
+    """The node's host key is not trusted: "unknown" (recorded under neither its name nor its
+    address) or "changed" (a different key is recorded under one of them). `key` is the key
+    the server showed on this very connection: the one accepting it saves."""
+
+    def __init__(self, node: str, kind: str, fingerprint: str | None, known_hosts: str,
+                 key: asyncssh.SSHKey | None = None, address: str | None = None) -> None:
         self.kind = kind  # "unknown" or "changed"
         self.fingerprint = fingerprint
         self.known_hosts = known_hosts
+        self.key = key
+        self.address = address  # the server's IP address, as the connection saw it
         if kind == "changed":
             msg = (f"{node}: the host key CHANGED (now {fingerprint}); refusing to connect. "
                    f"If the node was rebuilt, remove its old line from {known_hosts}")
@@ -72,68 +79,130 @@ def _ssh_options(node: Node) -> dict[str, Any]:
     return opts
 
 
-async def _host_key_problem(node: Node) -> HostKeyProblem:
-    path = known_hosts_path(node)
-    port = node.port or 22
-    kind = "unknown"
+def known_name(host: str, port: int) -> str:
+    """How known_hosts names a host: `host` on port 22, else `[host]:port` (OpenSSH's form;
+    a key recorded for port 22 says nothing about another port)."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+@dataclass
+class _Recorded:
+    """What known_hosts says of one name: host keys, CA keys, revoked keys."""
+
+    keys: list[asyncssh.SSHKey]
+    ca_keys: list[asyncssh.SSHKey]
+    revoked: list[asyncssh.SSHKey]
+
+
+def _recorded(path: str, name: str) -> _Recorded:
+    """The keys known_hosts records under exactly `name` (no fallback to another port)."""
     try:
         known = asyncssh.read_known_hosts(path)
-        if known.match(node.host or "", "", port)[0]:
-            kind = "changed"
-    except (OSError, ValueError):
-        pass
-    fingerprint = None
-    try:
-        key = await asyncio.wait_for(asyncssh.get_server_host_key(node.host or "", port),
-                                     node.connect_timeout_s)
-        fingerprint = key.get_fingerprint() if key is not None else None
-    except (OSError, asyncssh.Error, TimeoutError):
-        pass
-    return HostKeyProblem(node.name, kind, fingerprint, path)
+    except FileNotFoundError:
+        return _Recorded([], [], [])
+    found = known.match(name, "", None)
+    return _Recorded(list(found[0]), list(found[1]), list(found[2]))
 
 
-async def accept_host_key(node: Node) -> str:
-    """Trust the node's current host key: append it to known_hosts. Returns the fingerprint."""
+class _HostKeyCheck(asyncssh.SSHClient):
+    """Host keys checked as OpenSSH does with CheckHostIP: a key must be recorded under the
+    node's name, and whatever is recorded under its address must agree. Keeps the key the
+    server showed (and its address) when that key is not trusted."""
+
+    def __init__(self, node: Node, path: str) -> None:
+        self.node = node
+        self.path = path
+        self.by_name = _Recorded([], [], [])
+        self.by_address = _Recorded([], [], [])
+        self.shown: asyncssh.SSHKey | None = None
+        self.address: str | None = None
+
+    def trusted(self, host: str, addr: str, port: int | None
+                ) -> tuple[list[asyncssh.SSHKey], list[asyncssh.SSHKey], list[asyncssh.SSHKey]]:
+        """asyncssh's known_hosts callback: (trusted keys, CA keys, revoked keys)."""
+        port = port or 22
+        self.address = addr or None
+        self.by_name = _recorded(self.path, known_name(self.node.host or host, port))
+        if addr and addr != (self.node.host or host):
+            self.by_address = _recorded(self.path, known_name(addr, port))
+        keys = self.by_name.keys
+        if self.by_address.keys:
+            keys = [k for k in keys if k in self.by_address.keys]
+        return (keys, self.by_name.ca_keys,
+                self.by_name.revoked + self.by_address.revoked)
+
+    def validate_host_public_key(self, host: str, addr: str, port: int,
+                                 key: asyncssh.SSHKey) -> bool:
+        self.shown, self.address = key, addr or self.address
+        return False
+
+    def problem(self) -> HostKeyProblem:
+        key = self.shown
+        # Unknown only when nothing is recorded under the name and the address holds no
+        # other key; any disagreement is a changed key (and so is a key not even shown to
+        # us: a revoked one, a certificate that failed).
+        changed = key is None or bool(self.by_name.keys) or \
+            any(k != key for k in self.by_address.keys)
+        return HostKeyProblem(self.node.name, "changed" if changed else "unknown",
+                              key.get_fingerprint() if key is not None else None, self.path,
+                              key, self.address)
+
+
+async def accept_host_key(node: Node, problem: HostKeyProblem) -> str:
+    """Trust the key the user was shown (`problem.key`, from the connection that asked):
+    append it to known_hosts under the node's name and address, in OpenSSH's format. Never a
+    changed key, and never a key fetched again. Returns its fingerprint."""
+    if problem.kind != "unknown" or problem.key is None:
+        raise problem
     port = node.port or 22
-    key = await asyncio.wait_for(asyncssh.get_server_host_key(node.host or "", port),
-                                 node.connect_timeout_s)
-    if key is None:
-        raise Unreachable(f"{node.name}: the server sent no host key")
-    host = node.host if port == 22 else f"[{node.host}]:{port}"
+    names = [known_name(node.host or "", port)]
+    if problem.address and problem.address != node.host:
+        names.append(known_name(problem.address, port))
     path = Path(known_hosts_path(node))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(f"{host} {key.export_public_key().decode().strip()}\n")
-    return str(key.get_fingerprint())
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    line = f"{','.join(names)} {problem.key.export_public_key().decode().strip()}\n"
+    with open(path, "a+b") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = "\n" + line  # the last line stays whole
+        f.write(line.encode())
+    return str(problem.key.get_fingerprint())
 
 
 async def ssh_connect(node: Node, ciphers: list[str] | None = None
                       ) -> asyncssh.SSHClientConnection:
     """An SSH connection to the node, or Unreachable naming why not. `ciphers` puts preferred
-    ones first (bulk copies want AES-GCM)."""
+    ones first (bulk copies want AES-GCM). The host key is checked by name and by address
+    (`_HostKeyCheck`); an untrusted one raises HostKeyProblem holding the key shown."""
     opts = _ssh_options(node)
     if ciphers:
         opts["encryption_algs"] = ciphers
-    if not os.path.exists(opts["known_hosts"]):
-        # No known_hosts file at all (a fresh laptop): every host is unknown, and accepting
-        # one creates the file. A host that does not answer is unreachable, not unknown.
-        problem = await _host_key_problem(node)
-        if problem.fingerprint is None:
-            raise Unreachable(f"{node.name}: no SSH answer from {node.host}:{node.port or 22}")
-        raise problem
+    path = opts["known_hosts"]
+    # No known_hosts file at all (a fresh laptop): every host is unknown, and accepting one
+    # creates the file. A host that does not answer is unreachable, not unknown.
+    fresh = not os.path.exists(path)
+    check = _HostKeyCheck(node, path)
+    opts["known_hosts"] = check.trusted
     try:
-        return await asyncssh.connect(node.host or "", **opts)
+        conn, _ = await asyncssh.create_connection(lambda: check, node.host or "", **opts)
+        return conn
     except asyncssh.HostKeyNotVerifiable:
-        raise await _host_key_problem(node) from None
+        raise check.problem() from None
     except asyncssh.PermissionDenied as exc:
         raise Unreachable(f"{node.name}: SSH refused our key ({exc.reason})") from None
-    except TimeoutError:
-        raise Unreachable(f"{node.name}: no SSH answer from {node.host}:{node.port or 22} "
-                          f"within {node.connect_timeout_s:.0f} s") from None
-    except ConnectionRefusedError:
-        raise Unreachable(f"{node.name}: connection refused by {node.host}:"
-                          f"{node.port or 22}") from None
     except (OSError, asyncssh.Error) as exc:
+        if fresh:
+            raise Unreachable(f"{node.name}: no SSH answer from {node.host}:"
+                              f"{node.port or 22}") from None
+        if isinstance(exc, TimeoutError):
+            raise Unreachable(f"{node.name}: no SSH answer from {node.host}:"
+                              f"{node.port or 22} within {node.connect_timeout_s:.0f} s"
+                              ) from None
+        if isinstance(exc, ConnectionRefusedError):
+            raise Unreachable(f"{node.name}: connection refused by {node.host}:"
+                              f"{node.port or 22}") from None
         raise Unreachable(f"{node.name}: {type(exc).__name__}: {exc}") from None
 
 

@@ -10,8 +10,8 @@ sftp echoes every batch line (`sftp> ...`) as it starts it, and its errors go to
 in order, so the echo of line N+1 says that file N is done and what sftp said in between is
 about file N: the caller checks each file while the rest still downloads.
 
-Host keys are checked strictly against the node's known_hosts (the console has verified or
-accepted the key already); `~/.ssh/config` is honoured by OpenSSH itself.
+Host keys are checked strictly against the node's known_hosts, by name and by address (the
+console has verified or accepted the key already); `~/.ssh/config` is honoured by OpenSSH itself.
 """
 
 from __future__ import annotations
@@ -99,6 +99,9 @@ def sftp_command(sftp: str, node: Node, batch: Path) -> list[str]:
         host = f"[{host}]"  # an IPv6 address, which sftp would split at ':' otherwise
     cmd = [sftp, "-q", "-b", str(batch), "-o", "BatchMode=yes",
            "-o", "StrictHostKeyChecking=yes",
+           # By address too, as the agent link checks (console/transport.py): a key recorded
+           # under the node's IP that differs stops the copy.
+           "-o", "CheckHostIP=yes",
            "-o", f"UserKnownHostsFile={_ssh_value(known_hosts_path(node))}",
            "-o", f"ConnectTimeout={max(1, math.ceil(node.connect_timeout_s))}",
            # A node that stops answering fails the batch instead of hanging it.

@@ -207,7 +207,7 @@ class FleetdeckApp(App[int]):
             return
         node = self.fleet.node(name)
         if self.accept_new_host_key:
-            self._accept_host_key(node)
+            self._accept_host_key(node, problem)
             return
         if name in self._asking_host_key:
             return
@@ -216,7 +216,7 @@ class FleetdeckApp(App[int]):
         def decided(yes: bool | None) -> None:
             self._asking_host_key.discard(name)
             if yes:
-                self._accept_host_key(node)
+                self._accept_host_key(node, problem)
             else:
                 self.notify(f"{name}: host key not trusted; the node stays unconnected",
                             severity="warning")
@@ -224,10 +224,11 @@ class FleetdeckApp(App[int]):
         self.push_screen(HostKeyModal(name, node.host or "", problem.fingerprint,
                                       problem.known_hosts), decided)
 
-    def _accept_host_key(self, node: Node) -> None:
+    def _accept_host_key(self, node: Node, problem: HostKeyProblem) -> None:
         async def accept() -> None:
             try:
-                fingerprint = await accept_host_key(node)
+                # Exactly the key whose fingerprint the user saw: never fetched again.
+                fingerprint = await accept_host_key(node, problem)
             except (OSError, TimeoutError, HostKeyProblem) as exc:
                 self.report(node.name, f"could not accept the host key: {exc}", ok=False)
                 return
