@@ -99,7 +99,9 @@ def stop_run(run: LiveRun) -> None:
 
 @pytest.fixture(scope="module")
 def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
-    run = start_run(tmp_path_factory.mktemp("tui-run"))
+    # Enough prompts that the run is still live at the module's last test however slow a
+    # loaded machine makes the ones before it (4,000 finished mid-module under load).
+    run = start_run(tmp_path_factory.mktemp("tui-run"), prompts=40_000)
     try:
         wait_until(lambda: (run.run_dir / "progress.json").exists(), 60, "the engine started")
         yield run
