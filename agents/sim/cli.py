@@ -80,8 +80,15 @@ def _configure(p: argparse.ArgumentParser) -> None:
     sim.add_argument("--load-seconds", type=float, default=2.0,
                      help="simulated start-up: port closed for 3/4, then 503 until ready")
     sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--truncation-share", type=_share, default=0.1,
-                     help="share of requests that run into max_tokens (finish 'length')")
+    sim.add_argument("--answer-median", type=float, default=1350.0, metavar="TOKENS",
+                     help="median natural answer length; each prompt's own length is a "
+                          "function of the prompt and --seed (default: as the reference run, "
+                          "~18%% truncated at max_tokens 4096, 1,814 tokens on average)")
+    sim.add_argument("--answer-spread", type=float, default=1.21, metavar="SIGMA",
+                     help="spread of natural answer lengths (sigma of their log)")
+    sim.add_argument("--truncation-share", type=_share, default=None,
+                     help="instead of --answer-median: the share of answers longer than "
+                          "4,096 tokens (fewer are cut at a higher max_tokens)")
     sim.add_argument("--tool-call-share", type=_share, default=0.5)
     sim.add_argument("--peak-tokens-per-s", type=float, default=250.0,
                      help="simulated decode speed of one request alone")
@@ -137,6 +144,7 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
         spec_num_draft_tokens=args.speculative_num_draft_tokens,
         time_scale=0.0 if args.no_delay else args.time_scale,
         load_seconds=args.load_seconds, seed=args.seed,
+        answer_median=args.answer_median, answer_spread=args.answer_spread,
         truncation_share=args.truncation_share, tool_call_share=args.tool_call_share,
         peak_tokens_per_s=args.peak_tokens_per_s, knee=args.knee,
         best_concurrency=args.best_concurrency, context_length=args.context_length,

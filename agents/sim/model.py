@@ -149,9 +149,10 @@ class SimModel:
 
     def plan_output(self, max_tokens: int | None, prompt_tokens: int, thinking: bool = True,
                     tools: list[Any] | None = None, empty: bool = False,
-                    ignore_eos: bool = False) -> OutputPlan:
+                    ignore_eos: bool = False, prompt: str | None = None) -> OutputPlan:
         """Draw what a request will generate (see `OutputPlanner.plan`)."""
-        return self.planner.plan(max_tokens, prompt_tokens, thinking, tools, empty, ignore_eos)
+        return self.planner.plan(max_tokens, prompt_tokens, thinking, tools, empty, ignore_eos,
+                                 prompt)
 
     def submit(self, rid: str, plan: OutputPlan, prompt_tokens: int, cached_tokens: int,
                is_streaming: bool, health: bool = False) -> SimRequest:

@@ -3,6 +3,7 @@ call) and the deterministic pseudo-text and token ids that the responses show.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -15,7 +16,7 @@ from agents.sim.config import SimConfig
 EOS_TOKEN_ID = 151645  # Qwen's <|im_end|>: what `matched_stop` names on a natural stop
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "\n</think>\n\n"
-LENGTH_REF_TOKENS = 4096  # length scale when a request sets no max_tokens
+REFERENCE_MAX_TOKENS = 4096  # the limit `--truncation-share` is a share at
 
 
 def estimate_tokens(text: str) -> int:
@@ -129,40 +130,59 @@ class TextBank:
         return Piece(reasoning, content, raw + content, call)
 
 
+def answer_median(cfg: SimConfig) -> float:
+    """The median natural answer length: `answer_median`, or with `truncation_share` set the
+    median at which that share of answers runs past REFERENCE_MAX_TOKENS."""
+    if cfg.truncation_share is None:
+        return cfg.answer_median
+    p = min(max(cfg.truncation_share, 1e-4), 1 - 1e-4)
+    return REFERENCE_MAX_TOKENS * math.exp(-cfg.answer_spread * NormalDist().inv_cdf(1 - p))
+
+
 class OutputPlanner:
-    """Draws each request's OutputPlan from one seeded stream, so a run replays exactly."""
+    """Draws each request's OutputPlan. What the model would write is a function of the
+    prompt and the seed alone: its natural length (lognormal: median `answer_median`, log
+    spread `answer_spread`), its text, its reasoning share and its tool call; only the limit
+    decides where it is cut. So a prompt asked again at a higher max_tokens gets the same
+    answer, longer, and raising the limit lowers truncation as it does with a real model.
+    Requests without a prompt (health checks) draw from one seeded stream."""
 
     def __init__(self, config: SimConfig) -> None:
         self.cfg = config
         self.rng = random.Random(config.seed)
         self.bank = TextBank(config.seed)
-        self._z_cache: dict[float, float] = {}
 
-    def _z(self, share: float) -> float:
-        p = min(max(share, 1e-4), 1 - 1e-4)
-        if p not in self._z_cache:
-            self._z_cache[p] = NormalDist().inv_cdf(1 - p)
-        return self._z_cache[p]
+    def prompt_rng(self, prompt: str | None) -> random.Random:
+        if prompt is None:
+            return self.rng
+        digest = hashlib.sha256(f"{self.cfg.seed}\x00{prompt}".encode()).digest()
+        return random.Random(int.from_bytes(digest[:16], "big"))
+
+    def natural_length(self, prompt: str | None) -> int:
+        """The tokens the model would write for this prompt if nothing stopped it."""
+        return self._natural(self.prompt_rng(prompt))
+
+    def _natural(self, rng: random.Random) -> int:
+        z = rng.gauss(0.0, 1.0)
+        return max(1, math.ceil(answer_median(self.cfg) * math.exp(self.cfg.answer_spread * z)))
 
     def plan(self, max_tokens: int | None, prompt_tokens: int, thinking: bool = True,
              tools: list[Any] | None = None, empty: bool = False,
-             ignore_eos: bool = False) -> OutputPlan:
-        """Draw an output: a lognormal natural length scaled so that `truncation_share` of
-        requests reach their max_tokens, reasoning first when thinking, maybe a tool call."""
+             ignore_eos: bool = False, prompt: str | None = None) -> OutputPlan:
+        """Draw an output: the prompt's natural answer, cut at max_tokens (or at what the
+        context leaves), reasoning first when thinking, maybe a tool call."""
         cfg = self.cfg
-        rng = self.rng
         accept = 1.0
-        if cfg.spec:
-            accept = min(cfg.spec_num_steps + 1.0, max(1.0, rng.gauss(cfg.accept_length, 0.3)))
+        if cfg.spec:  # decoding, not the answer: drawn from the stream
+            accept = min(cfg.spec_num_steps + 1.0,
+                         max(1.0, self.rng.gauss(cfg.accept_length, 0.3)))
+        rng = self.prompt_rng(prompt)
+        natural = self._natural(rng)
         offset = rng.randrange(self.bank.size)
         if empty:
             return OutputPlan(1, "stop", False, 0, accept, offset, empty=True)
         room = max(1, cfg.context_length - prompt_tokens)
         cap = min(max_tokens, room) if max_tokens and max_tokens > 0 else room
-        ref = max_tokens if max_tokens and max_tokens > 0 else LENGTH_REF_TOKENS
-        z = rng.gauss(0.0, 1.0)
-        natural = max(1, math.ceil(ref * math.exp(cfg.length_sigma * (z - self._z(
-            cfg.truncation_share)))))
         reasoning = 0
         if thinking:
             natural = max(natural, 3)

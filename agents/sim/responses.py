@@ -158,8 +158,12 @@ class Generation:
         cached = min(cached, prompt_tokens - 1)
         params = body.get("sampling_params")
         ignore_eos = bool((params if isinstance(params, dict) else body).get("ignore_eos"))
+        # The answer is the prompt's (token ids stand for the text they encode).
+        key = prompt if prompt is not None else msgspec.json.encode(
+            body.get("input_ids") or body.get("prompt")).decode()
         plan = self.model.plan_output(max_tokens, prompt_tokens, thinking, tools,
-                                      empty=fault == "empty", ignore_eos=ignore_eos)
+                                      empty=fault == "empty", ignore_eos=ignore_eos,
+                                      prompt=key)
         return self.model.submit(str(rid), plan, prompt_tokens, cached,
                                  bool(body.get("stream")))
 

@@ -181,8 +181,9 @@ def test_tools_sometimes_answer_with_tool_calls(sim: SimHandle) -> None:
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                        "required": ["city"]}}}]
     finishes = []
-    for _ in range(16):
-        obj = chat(sim, max_tokens=2000, tools=tools).json()
+    for i in range(16):  # an answer is its prompt's: ask 16 questions
+        question = [{"role": "user", "content": f"Is it raining in town {i}?"}]
+        obj = chat(sim, max_tokens=2000, tools=tools, messages=question).json()
         choice = obj["choices"][0]
         finishes.append(choice["finish_reason"])
         if choice["finish_reason"] == "tool_calls":

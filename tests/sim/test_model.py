@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +38,54 @@ def test_throughput_curve_has_a_knee_and_a_best_concurrency() -> None:
     assert cfg.per_request_rate(48) < cfg.per_request_rate(1) / 4
 
 
-def test_truncation_share_and_lengths() -> None:
-    for share in (0.05, 0.2, 0.5):
+PROMPTS = [f"<|im_start|>user\nQuestion {i}: explain topic {i * 7919 % 1000}.<|im_end|>\n"
+           for i in range(4000)]
+
+
+def test_answer_lengths_match_the_reference_run_and_rise_with_the_limit() -> None:
+    """Defaults: ~18% truncated at 4096 and ~1,814 tokens out on average, as in the reference
+    run; at 8192 the same prompts are cut less often, and each gets its same answer longer."""
+    model = SimModel(SimConfig(seed=3))
+    at4k = [model.plan_output(4096, 50, prompt=p) for p in PROMPTS]
+    at8k = [model.plan_output(8192, 50, prompt=p) for p in PROMPTS]
+    share4 = sum(p.finish == "length" for p in at4k) / len(at4k)
+    share8 = sum(p.finish == "length" for p in at8k) / len(at8k)
+    assert share4 == pytest.approx(0.18, abs=0.02)
+    assert sum(p.n_tokens for p in at4k) / len(at4k) == pytest.approx(1814, rel=0.05)
+    assert share8 < share4 / 2
+    for short, long in zip(at4k, at8k, strict=True):
+        if short.finish == "stop":  # it ended by itself: the limit changed nothing
+            assert replace(long, accept_length=short.accept_length) == short
+        else:  # cut at 4096: the same answer (same text), longer or finished
+            assert short.n_tokens == 4096 and long.n_tokens > 4096
+            assert long.offset == short.offset and long.reasoning_len == short.reasoning_len
+    assert all(p.n_tokens == 8192 for p in at8k if p.finish == "length")
+
+
+def test_natural_length_is_the_prompts_own() -> None:
+    a, b = SimModel(SimConfig(seed=5)), SimModel(SimConfig(seed=5))
+    lengths = [a.planner.natural_length(p) for p in PROMPTS[:200]]
+    assert lengths == [b.planner.natural_length(p) for p in reversed(PROMPTS[:200])][::-1]
+    assert len(set(lengths)) > 150  # prompts differ
+    other = SimModel(SimConfig(seed=6))
+    assert lengths != [other.planner.natural_length(p) for p in PROMPTS[:200]]
+    # the median flag moves every length by the same factor
+    half = SimModel(SimConfig(seed=5, answer_median=675.0))
+    assert [half.planner.natural_length(p) for p in PROMPTS[:20]] == pytest.approx(
+        [n / 2 for n in lengths[:20]], abs=1)
+
+
+def test_truncation_share_sets_the_share_past_4096() -> None:
+    for share in (0.05, 0.3):
         model = SimModel(SimConfig(truncation_share=share, seed=3))
-        plans = [model.plan_output(1000, 50) for _ in range(4000)]
-        truncated = sum(p.finish == "length" for p in plans) / len(plans)
-        assert truncated == pytest.approx(share, abs=0.03)
-        assert all(p.n_tokens == 1000 for p in plans if p.finish == "length")
-        assert all(1 <= p.n_tokens < 1000 for p in plans if p.finish == "stop")
+        plans = [model.plan_output(4096, 50, prompt=p) for p in PROMPTS]
+        assert sum(p.finish == "length" for p in plans) / len(plans) == pytest.approx(
+            share, abs=0.025)
+        higher = [model.plan_output(16384, 50, prompt=p) for p in PROMPTS]
+        assert sum(p.finish == "length" for p in higher) / len(higher) < share / 2
     # no max_tokens: bounded by the context only
     model = SimModel(SimConfig(context_length=2000))
-    assert max(model.plan_output(None, 100).n_tokens for _ in range(500)) <= 1900
+    assert max(model.plan_output(None, 100, prompt=p).n_tokens for p in PROMPTS[:500]) <= 1900
 
 
 def test_same_seed_same_outputs() -> None:
