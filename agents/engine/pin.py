@@ -21,6 +21,10 @@ def check_pin(spec: RunSpec, run_dir: Path) -> RunPin:
     path = run_dir / "run.pin.json"
     prompts = spec.prompts_path
     st = prompts.stat()
+    if not prompt_io.has_prompts(prompts):
+        raise EngineError(f"{prompts}: the prompts file is empty ({st.st_size} bytes, no "
+                          "line but whitespace): nothing to generate; [generate] prompts in "
+                          f"{spec.source} must name a JSONL file of prompts")
     if path.exists():
         pin = pin_decoder.decode(path.read_bytes())
         # Same size and mtime: the file is the pinned one (no 3 GB re-hash at every resume).

@@ -2,6 +2,9 @@
 
 The index of a prompt is its 0-based line number. ShareGPT (`conversations: [{from, value}]`)
 and OpenAI (`messages: [{role, content}]`) shapes are accepted, system prompts and tools too.
+A UTF-8 byte order mark before the first line is passed over. One line that cannot be read
+(not JSON, nested too deeply, over `[generate] max_prompt_bytes`, any other failure) is that
+index's `bad_input`, with the reason; it never stops the run.
 """
 
 from __future__ import annotations
@@ -30,8 +33,24 @@ SHAREGPT_ROLES = {
 }
 
 
+BOM = b"\xef\xbb\xbf"
+DEFAULT_MAX_PROMPT_BYTES = 16 << 20
+# Deeper JSON than this is refused: far beyond any real prompt (tool schemas nest ~20), and far
+# enough under Python's recursion limit that every later encode of the prompt succeeds.
+MAX_NESTING = 200
+
+
 class BadPrompt(ValueError):
     """A prompt line that cannot be sent; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class TooLong:
+    """A line over the size limit, passed over unread: its size in bytes (newline not
+    counted)."""
+
+    size: int
+    limit: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +69,10 @@ def _tools(raw: Any) -> list[dict[str, Any]] | None:
             raw = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise BadPrompt(f"tools is a string that is not JSON: {exc}") from None
+        except RecursionError:
+            raise BadPrompt("tools is a string of JSON nested too deeply to read") from None
+        if nesting(raw) > MAX_NESTING:
+            raise BadPrompt(f"tools is a string of JSON nested over {MAX_NESTING} levels")
     if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
         raise BadPrompt("tools must be a list of objects")
     # Accept bare function definitions as well as OpenAI's {"type": "function", ...}.
@@ -89,14 +112,33 @@ def _sharegpt_messages(raw: Any, system: Any) -> list[dict[str, Any]]:
     return out
 
 
-def parse_prompt(index: int, raw: bytes) -> Prompt:
-    """Parse one line into a Prompt; raise BadPrompt saying what is wrong."""
+def parse_prompt(index: int, raw: bytes | TooLong) -> Prompt:
+    """Parse one line into a Prompt; raise BadPrompt saying what is wrong, whatever it is."""
+    if isinstance(raw, TooLong):
+        raise BadPrompt(f"{raw.size:,} bytes, over [generate] max_prompt_bytes "
+                        f"({raw.limit:,}); not read")
+    try:
+        return _parse(index, raw)
+    except BadPrompt:
+        raise
+    except RecursionError:
+        raise BadPrompt("JSON nested too deeply to read") from None
+    except Exception as exc:  # one bad line must never stop the run: say what it was
+        raise BadPrompt(f"cannot be read: {type(exc).__name__}: {exc}") from None
+
+
+def _parse(index: int, raw: bytes) -> Prompt:
     try:
         obj = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise BadPrompt(f"not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise BadPrompt("not a JSON object")
+    # Cheap for nearly every line (two byte counts); only a line with many brackets is walked.
+    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING:
+        depth = nesting(obj)
+        if depth > MAX_NESTING:
+            raise BadPrompt(f"JSON nested {depth} levels deep, over {MAX_NESTING}")
     if "messages" in obj:
         messages = _openai_messages(obj["messages"])
     elif "conversations" in obj:
@@ -117,6 +159,24 @@ def parse_prompt(index: int, raw: bytes) -> Prompt:
     )
 
 
+def nesting(obj: Any) -> int:
+    """How deeply lists and objects nest in a decoded JSON value (a scalar is 0); iterative,
+    so any depth is measured without recursion."""
+    deepest = 0
+    todo: list[tuple[Any, int]] = [(obj, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth)
+        todo.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return deepest
+
+
 def scan(path: Path) -> tuple[str, int, int]:
     """sha256, line count and size of the prompts file, streamed."""
     h = hashlib.sha256()
@@ -134,10 +194,43 @@ def scan(path: Path) -> tuple[str, int, int]:
     return h.hexdigest(), lines, size
 
 
-def stream(path: Path, want: Callable[[int], bool], start: int = 0) -> Iterator[tuple[int, bytes]]:
-    """Yield (index, raw line) for the lines whose index `want` accepts, from `start` on."""
+def has_prompts(path: Path) -> bool:
+    """Whether the file holds anything but whitespace (and a byte order mark); reads only
+    until the first such byte, so a real prompts file costs one read."""
+    with open(path, "rb", buffering=0) as f:
+        first = True
+        while chunk := f.read(1 << 16):
+            if first and chunk.startswith(BOM):
+                chunk = chunk[len(BOM):]
+            first = False
+            if chunk.strip():
+                return True
+    return False
+
+
+def stream(path: Path, want: Callable[[int], bool], start: int = 0,
+           max_bytes: int = DEFAULT_MAX_PROMPT_BYTES) -> Iterator[tuple[int, bytes | TooLong]]:
+    """Yield (index, raw line) for the lines whose index `want` accepts, from `start` on. A
+    line over `max_bytes` (newline not counted) is never held whole: it is read through in
+    pieces and yielded as TooLong."""
+    cap = max_bytes + 1
     with open(path, "rb", buffering=1 << 20) as f:
-        for index, line in enumerate(f):
-            if index < start or not want(index):
-                continue
-            yield index, line
+        readline = f.readline
+        index = 0
+        line = readline(cap)
+        if line.startswith(BOM) and (len(line) < cap or line.endswith(b"\n")):
+            line = line[len(BOM):]
+        while line:
+            if len(line) == cap and not line.endswith(b"\n"):
+                size = len(line)
+                while piece := readline(1 << 20):
+                    size += len(piece)
+                    if piece.endswith(b"\n"):
+                        size -= 1
+                        break
+                if index >= start and want(index):
+                    yield index, TooLong(size, max_bytes)
+            elif index >= start and want(index):
+                yield index, line
+            index += 1
+            line = readline(cap)

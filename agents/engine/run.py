@@ -227,7 +227,8 @@ class Engine:
         while not self.stopping:
             epoch = self._epoch
             scanned = 0
-            stream = prompt_io.stream(self.spec.prompts_path, self._needs)
+            stream = prompt_io.stream(self.spec.prompts_path, self._needs,
+                                      max_bytes=self.gen.max_prompt_bytes)
             for index, raw in stream:
                 if self.stopping:
                     return

@@ -61,6 +61,9 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     server_failures_to_down: int = 3
     drain_timeout_s: float = 300.0
     max_concurrency: int = 1024
+    # A prompt line longer than this (bytes, newline not counted) is bad_input, never read
+    # whole.
+    max_prompt_bytes: int = 16 << 20
 
 
 class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
