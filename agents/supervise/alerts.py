@@ -6,6 +6,7 @@ hours and is failing now must say so now. An alert clears when its condition doe
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +33,35 @@ class AlertBook:
         self._last_completion: dict[str, float] = {}
         self._accept_sum = 0.0
         self._accept_n = 0
+        # (since, max_tokens): when each limit was set, to name the ones answers ran with.
+        self._limits: list[tuple[float, int]] = []
+
+    def _note_limit(self, now: float, max_tokens: int) -> None:
+        if not self._limits or self._limits[-1][1] != max_tokens:
+            self._limits.append((now, max_tokens))
+        horizon = now - 3 * self.cfg.window_s
+        while len(self._limits) > 1 and self._limits[1][0] < horizon:
+            self._limits.pop(0)
+
+    def _truncation_message(self, share: float, window_start: float) -> str:
+        """Names the max_tokens the truncated answers ran with, not only today's: an answer
+        finishing in the window may have started up to a window before it, under the limit
+        of then (after a raise from 4096 to 8192, answers cut at 4096 keep arriving)."""
+        horizon = window_start - self.cfg.window_s
+        ran = [(since, limit) for i, (since, limit) in enumerate(self._limits)
+               if i + 1 == len(self._limits) or self._limits[i + 1][0] > horizon]
+        now_limit = ran[-1][1]
+        if len(ran) == 1:
+            return (f"{share:.1%} of recent answers hit max_tokens {now_limit}: consider "
+                    "raising max_tokens")
+        steps = ", ".join(f"{limit} until {time.strftime('%H:%M', time.localtime(until))}"
+                          for (_, limit), (until, _) in itertools.pairwise(ran))
+        text = (f"{share:.1%} of recent answers hit the max_tokens they ran with ({steps}, "
+                f"{now_limit} since)")
+        if now_limit > max(limit for _, limit in ran[:-1]):
+            text += (f": those cut under a lower limit can run again at {now_limit} "
+                     "(retry truncated)")
+        return text
 
     def _window(self, now: float) -> _Sample | None:
         while len(self._samples) > 1 and now - self._samples[1].t >= self.cfg.window_s:
@@ -61,6 +91,7 @@ class AlertBook:
         if progress is not None:
             running = progress.status in ("running", "draining")
             first = self._window(now)
+            self._note_limit(now, progress.max_tokens)
             self._samples.append(_Sample(now, progress.completed, progress.failed,
                                          progress.truncated, progress.empty,
                                          {k: v.completed for k, v in progress.servers.items()}))
@@ -98,8 +129,7 @@ class AlertBook:
                     trunc = (progress.truncated - first.truncated) / done
                     if trunc > self.cfg.truncation_rate:
                         alert("truncation_rate", "warning",
-                              f"{trunc:.1%} of recent answers hit max_tokens "
-                              f"{progress.max_tokens}: consider raising max_tokens")
+                              self._truncation_message(trunc, first.t))
                     empty = (progress.empty - first.empty) / done
                     if empty > self.cfg.empty_rate:
                         alert("empty_rate", "critical",

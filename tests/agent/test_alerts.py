@@ -110,3 +110,29 @@ def test_disk_projection_waits_for_minutes_of_samples(tmp_path) -> None:
     assert watch.status(now=1010.0).hours_to_full is None
     later = watch.status(now=1400.0)
     assert later.hours_to_full is not None and later.hours_to_full > 0
+
+
+def test_truncation_names_the_limit_answers_ran_with_not_only_todays() -> None:
+    """Raised from 4096 to 8192: answers cut at 4096 still arrive for a while, and the alert
+    must not say they hit 8192; once only 8192 answers are in view it names 8192 alone."""
+    def at(limit: int, completed: int, truncated: int):
+        p = progress(completed, truncated=truncated)
+        p.max_tokens = limit
+        return p
+
+    book = AlertBook(CFG)
+    book.evaluate(at(4096, 0, 0), [], None, now=0)
+    alerts = book.evaluate(at(4096, 100, 18), [], None, now=30)
+    assert next(a.message for a in alerts if a.code == "truncation_rate") == (
+        "18.0% of recent answers hit max_tokens 4096: consider raising max_tokens")
+    alerts = book.evaluate(at(8192, 200, 35), [], None, now=59)
+    message = next(a.message for a in alerts if a.code == "truncation_rate")
+    assert "hit max_tokens 8192" not in message
+    assert "(4096 until " in message and "8192 since)" in message
+    assert "run again at 8192 (retry truncated)" in message
+    # Two windows on, every answer in view ran under 8192: truncated ones hit 8192.
+    assert "truncation_rate" not in codes(book.evaluate(at(8192, 300, 40), [], None, now=130))
+    book.evaluate(at(8192, 400, 45), [], None, now=190)
+    alerts = book.evaluate(at(8192, 500, 60), [], None, now=250)
+    assert next(a.message for a in alerts if a.code == "truncation_rate") == (
+        "15.0% of recent answers hit max_tokens 8192: consider raising max_tokens")
