@@ -11,6 +11,9 @@ def add(sub: Any) -> None:
 
     p = sub.add_parser("bootstrap", help="install or upgrade the agent on NODE over SSH")
     p.add_argument("node_name", metavar="NODE")
+    p.add_argument("--wheel", default=None, metavar="PATH",
+                   help="the fleetdeck wheel to install (default: build one from the checkout "
+                        "this console runs from; never downloaded by name)")
     p.set_defaults(runner=bootstrap.cmd_bootstrap)
 
     from console.artifacts import decommission
