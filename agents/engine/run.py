@@ -21,6 +21,7 @@ from agents.engine.accounting import Meter, Totals, server_progress
 from agents.engine.client import RequestFailed, build_request, chat, make_client
 from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.journal import Journal, failed, requeued, retry_applied
+from agents.engine.lastgood import control_problem, last_good_control
 from agents.engine.pin import check_pin
 from agents.engine.retries import find_truncated
 from agents.engine.store import BatchStore, ClosedBatch
@@ -74,6 +75,8 @@ class Engine:
         self._control_mtime: int = -1
         self._last_history = 0.0
         self._progress_error: str | None = None
+        # Why control.json is not being followed (unreadable, out of range), for status.
+        self._control_note: str | None = None
 
     # -- start ------------------------------------------------------------------------------
 
@@ -123,8 +126,20 @@ class Engine:
         except FileNotFoundError:
             pass
         self.meter = Meter(Totals.from_progress(progress_raw))
-        self.control = ensure_control(self.run_dir, self.gen.concurrency_per_server,
-                                      self.gen.max_tokens)
+        bad: str | None
+        try:
+            self.control = ensure_control(self.run_dir, self.gen.concurrency_per_server,
+                                          self.gen.max_tokens)
+            bad = control_problem(self.control)
+        except (ControlError, OSError) as exc:
+            bad = str(exc)
+        if bad is not None:
+            # Nothing applied yet: the last good control is what progress.json says the
+            # engine ran with (else run.toml's); the run starts on it, not on a traceback.
+            self.control = last_good_control(progress_raw, self.gen.concurrency_per_server,
+                                             self.gen.max_tokens,
+                                             self.journal.state.retry_applied)
+            self._control_unusable(bad)
         self._applied_rev = 0
         log.info("recovered %s: %d done, %d failed, open batch %d lines (%d recorded after "
                  "crash, %d torn bytes cut), next batch %d, %d uploads pending",
@@ -482,9 +497,29 @@ class Engine:
                 continue
             self._control_mtime = mtime
             try:
-                self._apply_control(read_control(self.run_dir))
-            except ControlError as exc:
-                log.error("control.json ignored: %s", exc)
+                control = read_control(self.run_dir)
+            except (ControlError, OSError) as exc:
+                self._control_unusable(str(exc))
+                continue
+            bad = control_problem(control) if control is not None else None
+            if bad is not None:
+                self._control_unusable(f"{path}: {bad}")
+                continue
+            if self._control_note is not None:
+                log.info("control.json is readable again")
+                self._control_note = None
+            self._apply_control(control)
+
+    def _control_unusable(self, why: str) -> None:
+        """control.json cannot be followed: keep the last good control, say so in status and
+        the log, go on."""
+        c = self.control
+        kept = (f"rev {c.rev}: max_tokens {c.max_tokens}, concurrency {c.concurrency.default}"
+                f"{', paused' if c.paused else ''}") if c is not None else "none yet"
+        self._control_note = (f"control.json ignored ({why}); the engine keeps the last good "
+                              f"control ({kept}) and goes on; control verbs need control.json "
+                              "readable again")
+        log.error(self._control_note)
 
     async def _retry_failed(self, rev: int) -> None:
         indices = self.journal.failed_indices()
@@ -545,7 +580,7 @@ class Engine:
             started_at=self.meter.started_at, total_reasoning_tokens=t.reasoning_tokens,
             bad_input=self.journal.state.bad_input, paused=self.dispatcher.paused,
             s3_error=up.last_error if up else None, batches_closed=self._batches_closed,
-            message=self.message,
+            message=self.message or self._control_note,
         )
 
     def _write_progress(self) -> None:
