@@ -10,12 +10,23 @@ ids, the mask) fails here even when training and evaluation still agree with eac
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 
 from tests.trainer import golden
 from tests.trainer.golden import ATOL, max_diff
-from trainer.blocks import block_mask, block_tokens, flex_block_mask, position_ids
+from trainer.blocks import (
+    Anchors,
+    block_mask,
+    block_tokens,
+    flex_block_mask,
+    position_ids,
+    position_weights,
+)
 from trainer.drafter import DraftCache
+from trainer.objective import Attention, Batch, block_loss
 from trainer.target import select_features
 
 BLOCK = 4
@@ -101,3 +112,42 @@ def test_two_inference_steps_with_a_cache_match_the_reference() -> None:
         whole = m(position_ids=two["full_position_ids"], noise_embedding=two["noise_embedding"],
                   target_hidden=torch.cat([one["target_hidden"], two["target_hidden"]], dim=1))
         assert max_diff(whole, two["output"]) <= ATOL
+
+
+class Recorder(torch.nn.Module):
+    """The golden drafter, keeping what the objective passed it and what it returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = golden.model()
+        self.calls: list[tuple[dict[str, Any], torch.Tensor]] = []
+
+    def forward(self, **kw: Any) -> torch.Tensor:
+        out: torch.Tensor = self.inner(**kw)
+        self.calls.append((kw, out))
+        return out
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_the_training_objective_runs_the_reference_case(attention: Attention) -> None:
+    """block_loss, as training calls it, gives the drafter the fixture's inputs and gets
+    the reference's outputs back (flex only without gradients on the CPU)."""
+    c = golden.case("train")
+    ids = c["input_ids"]
+    b, s = ids.shape
+    batch = Batch(ids, torch.ones(b, s, dtype=torch.bool), torch.ones_like(ids),
+                  torch.full((b,), s))
+    embed = torch.nn.Embedding.from_pretrained(golden.tensors()["target.embed_tokens.weight"])
+    head = torch.nn.Linear(64, 512, bias=False)
+    anchors = Anchors(c["anchor_positions"], c["block_keep_mask"])
+    drafter = Recorder().eval()
+    with torch.no_grad():
+        block_loss(drafter, embed, head, c["target_hidden"], batch, anchors, MASK_ID,
+                   position_weights(BLOCK, 7.0), attention)
+    ((kw, out),) = drafter.calls
+    assert torch.equal(kw["position_ids"], c["position_ids"])
+    assert torch.equal(kw["noise_embedding"], c["noise_embedding"])
+    assert torch.equal(kw["target_hidden"], c["target_hidden"])
+    if attention == "sdpa":
+        assert torch.equal(kw["attention_mask"], c["attention_mask"])
+    assert max_diff(out, c["output"]) <= ATOL

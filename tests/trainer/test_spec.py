@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -78,3 +79,13 @@ def test_layer_ids_and_mask_token_checked_against_the_target(random_world: World
     assert choose_mask_token(mapped, tok, rows) == mapped
     with pytest.raises(TargetError, match=rf"maps <\|MASK\|> to {mapped}"):
         choose_mask_token(mapped + 1, tok, rows)
+
+
+def test_anchor_rule_key_defaults_to_supervised_next(tmp_path: Path) -> None:
+    from trainer.train import TrainInputError, anchor_rule
+
+    _, cfg = load_train_spec(spec(tmp_path, '[train]\ndata = "d"\ntarget = "t"\n'))
+    assert anchor_rule(cfg) == "supervised_next"
+    assert anchor_rule(SimpleNamespace(anchor_rule="whole_block")) == "whole_block"  # type: ignore[arg-type]
+    with pytest.raises(TrainInputError, match=r"\[train\] anchor_rule: 'late'"):
+        anchor_rule(SimpleNamespace(anchor_rule="late"))  # type: ignore[arg-type]
