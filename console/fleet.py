@@ -130,4 +130,10 @@ def load_fleet(path: str | Path | None = None) -> Fleet:
             raise FleetError(f"{where}: host is missing (or set local = true)")
         if not node.run_dir:
             raise FleetError(f"{where}: run_dir is empty")
+        if node.port is not None and not 1 <= node.port <= 65535:
+            raise FleetError(f"{where}: port must be between 1 and 65535, got {node.port}")
+        for key in ("connect_timeout_s", "keepalive_s"):
+            value = getattr(node, key)
+            if not 0 < value < float("inf"):  # also refuses nan, which TOML allows
+                raise FleetError(f"{where}: {key} must be a number above 0, got {value}")
     return fleet

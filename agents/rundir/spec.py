@@ -212,6 +212,7 @@ def _check(spec: RunSpec, path: Path) -> None:
         raise SpecError(f"{path}: {key}: {reason}")
 
     _check_servers(spec.servers, fail)
+    _check_ranges(spec, fail)
     if spec.run.kind == "generate":
         gen = spec.generate
         if gen is None:
@@ -257,6 +258,68 @@ def _check(spec: RunSpec, path: Path) -> None:
         _check_train(spec.train, fail)
     if spec.s3 is not None and not spec.s3.bucket:
         fail("[s3] bucket", "must not be empty")
+
+
+def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
+    """Numbers in their range: every float finite (TOML allows nan and inf), ports 1-65535,
+    intervals and timeouts above 0, counts 0 or more, shares between 0 and 1."""
+    import math
+    from urllib.parse import urlsplit
+
+    sections: list[tuple[str, msgspec.Struct | None]] = [
+        ("run", spec.run), ("servers", spec.servers), ("generate", spec.generate),
+        ("alerts", spec.alerts), ("train", spec.train)]
+    for name, section in sections:
+        for key in getattr(section, "__struct_fields__", ()):
+            value = getattr(section, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                fail(f"[{name}] {key}", f"must be a finite number, got {value}")
+    sv = spec.servers
+    if not 1 <= sv.base_port <= 65535:
+        fail("[servers] base_port", f"must be a port between 1 and 65535, got {sv.base_port}")
+    if sv.gpus and sv.base_port + len(sv.gpus) - 1 > 65535:
+        fail("[servers] base_port", f"{sv.base_port} + {len(sv.gpus)} GPUs runs past port 65535")
+    for i, gpu in enumerate(sv.gpus or []):
+        if gpu < 0:
+            fail(f"[servers] gpus[{i}]", f"must not be negative, got {gpu}")
+    for i, url in enumerate(sv.urls or []):
+        try:
+            urlsplit(url).port  # noqa: B018 - a port outside 0-65535 raises here
+        except ValueError as exc:
+            fail(f"[servers] urls[{i}]", f"{url!r}: {exc}")
+    above_zero: list[tuple[str, float]] = [
+        ("[servers] startup_timeout_s", sv.startup_timeout_s),
+        ("[servers] health_timeout_s", sv.health_timeout_s),
+        ("[servers] health_interval_s", sv.health_interval_s),
+        ("[servers] hung_restart_s", sv.hung_restart_s),
+        ("[alerts] window_s", spec.alerts.window_s),
+        ("[alerts] stall_minutes", spec.alerts.stall_minutes),
+        ("[alerts] disk_hours", spec.alerts.disk_hours)]
+    at_least_zero: list[tuple[str, float]] = [
+        ("[servers] restart_backoff_s", sv.restart_backoff_s),
+        ("[servers] max_restarts", sv.max_restarts),
+        ("[alerts] min_samples", spec.alerts.min_samples)]
+    at_least_one: list[tuple[str, int]] = [
+        ("[servers] health_failures_to_down", sv.health_failures_to_down)]
+    gen = spec.generate
+    if gen is not None:
+        above_zero.append(("[generate] drain_timeout_s", gen.drain_timeout_s))
+        at_least_one.append(("[generate] max_prompt_bytes", gen.max_prompt_bytes))
+    for key, number in above_zero:
+        if number <= 0:
+            fail(key, f"must be more than 0, got {number}")
+    for key, number in at_least_zero:
+        if number < 0:
+            fail(key, f"must not be negative, got {number}")
+    for key, count in at_least_one:
+        if count < 1:
+            fail(key, f"must be at least 1, got {count}")
+    for key, share in (("failure_rate", spec.alerts.failure_rate),
+                       ("truncation_rate", spec.alerts.truncation_rate),
+                       ("empty_rate", spec.alerts.empty_rate),
+                       ("accept_drop", spec.alerts.accept_drop)):
+        if not 0.0 <= share <= 1.0:
+            fail(f"[alerts] {key}", f"must be between 0 and 1, got {share}")
 
 
 def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:

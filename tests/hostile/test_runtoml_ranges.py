@@ -1,0 +1,140 @@
+"""Numbers out of range in run.toml (and the fleet file's node numbers): each row runs the real
+`fleetdeck-agent generate` (or `fleetdeck status`) on one, and expects exit 2 with a message
+naming the file and the key, no traceback, and nothing written anywhere: the spec is refused
+at load, before any run directory exists. `health_interval_s = 0` and `base_port = 70000` were
+accepted before (issue 11, item 12); TOML's nan and inf too.
+
+Boundary rows show the check is a range, not a ban: the value loads, and the run is refused
+only later, for its empty prompts file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.hostile.conftest import assert_only_changed, assert_refused, run_cli, tree
+
+SERVERS_URLS = 'urls = ["http://127.0.0.1:9"]'
+
+
+def spec_text(servers: str = "", generate: str = "", extra: str = "",
+              urls: str = SERVERS_URLS) -> str:
+    return "\n".join(["[run]", 'name = "ranges"', 'dir = "run"', "", "[servers]", urls, servers,
+                      "", "[generate]", 'prompts = "prompts.jsonl"', generate, "", extra, ""])
+
+
+GPUS = 'gpus = [0, 1]\ncommand = "serve {model} --port {port}"\nmodel = "m"'
+
+BAD = [
+    pytest.param(spec_text(servers="base_port = 70000"), "[servers] base_port", "65535",
+                 id="base-port-70000"),
+    pytest.param(spec_text(servers="base_port = 0"), "[servers] base_port", "between 1",
+                 id="base-port-0"),
+    pytest.param(spec_text(servers="base_port = -1"), "[servers] base_port", "between 1",
+                 id="base-port-negative"),
+    pytest.param(spec_text(servers="base_port = 65535\n" + GPUS, urls=""),
+                 "[servers] base_port", "past port 65535", id="base-port-runs-past-65535"),
+    pytest.param(spec_text(servers="gpus = [0, -1]\ncommand = \"x {model} {port}\"", urls=""),
+                 "[servers] gpus[1]", "negative", id="gpu-negative"),
+    pytest.param(spec_text(urls='urls = ["http://127.0.0.1:70000"]'), "[servers] urls[0]",
+                 "out of range", id="url-port-70000"),
+    pytest.param(spec_text(servers="health_interval_s = 0"), "[servers] health_interval_s",
+                 "more than 0", id="health-interval-0"),
+    pytest.param(spec_text(servers="health_timeout_s = -1.5"), "[servers] health_timeout_s",
+                 "more than 0", id="health-timeout-negative"),
+    pytest.param(spec_text(servers="startup_timeout_s = nan"), "[servers] startup_timeout_s",
+                 "finite", id="startup-timeout-nan"),
+    pytest.param(spec_text(servers="hung_restart_s = inf"), "[servers] hung_restart_s",
+                 "finite", id="hung-restart-inf"),
+    pytest.param(spec_text(servers="max_restarts = -1"), "[servers] max_restarts",
+                 "negative", id="max-restarts-negative"),
+    pytest.param(spec_text(servers="restart_backoff_s = -5.0"), "[servers] restart_backoff_s",
+                 "negative", id="restart-backoff-negative"),
+    pytest.param(spec_text(servers="health_failures_to_down = 0"),
+                 "[servers] health_failures_to_down", "at least 1", id="failures-to-down-0"),
+    pytest.param(spec_text(generate="request_timeout_s = 0"), "[generate] request_timeout_s",
+                 "positive", id="request-timeout-0"),
+    pytest.param(spec_text(generate="connect_timeout_s = -inf"),
+                 "[generate] connect_timeout_s", "finite", id="connect-timeout-minus-inf"),
+    pytest.param(spec_text(generate="drain_timeout_s = 0"), "[generate] drain_timeout_s",
+                 "more than 0", id="drain-timeout-0"),
+    pytest.param(spec_text(generate="max_prompt_bytes = 0"), "[generate] max_prompt_bytes",
+                 "at least 1", id="max-prompt-bytes-0"),
+    pytest.param(spec_text(generate="batch_size = -3"), "[generate] batch_size",
+                 "at least 1", id="batch-size-negative"),
+    pytest.param(spec_text(extra="[alerts]\nwindow_s = 0"), "[alerts] window_s",
+                 "more than 0", id="alerts-window-0"),
+    pytest.param(spec_text(extra="[alerts]\nfailure_rate = 1.5"), "[alerts] failure_rate",
+                 "between 0 and 1", id="alerts-rate-over-1"),
+    pytest.param(spec_text(extra="[alerts]\nmin_samples = -1"), "[alerts] min_samples",
+                 "negative", id="alerts-min-samples-negative"),
+    pytest.param(spec_text(extra="[alerts]\ndisk_hours = nan"), "[alerts] disk_hours",
+                 "finite", id="alerts-disk-hours-nan"),
+]
+
+
+def _setup(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "prompts.jsonl").write_text("")
+    spec = tmp_path / "run.toml"
+    spec.write_text(text)
+    return spec
+
+
+@pytest.mark.parametrize(("text", "key", "why"), BAD)
+def test_a_number_out_of_range_is_refused_at_load(tmp_path: Path, home: Path, text: str,
+                                                  key: str, why: str) -> None:
+    spec = _setup(tmp_path, text)
+    before = tree(tmp_path)
+    out = run_cli("fleetdeck-agent", "generate", spec, env={"HOME": str(home)})
+    assert_refused(out, 2, [str(spec), key, why])
+    assert_only_changed(before, tree(tmp_path))
+    assert not (tmp_path / "run").exists()
+
+
+BOUNDARY = [
+    pytest.param(spec_text(servers="base_port = 65535"), id="base-port-65535"),
+    pytest.param(spec_text(servers="base_port = 1\nhealth_interval_s = 0.001"),
+                 id="base-port-1-tiny-interval"),
+    pytest.param(spec_text(servers="max_restarts = 0\nrestart_backoff_s = 0"),
+                 id="no-restarts-no-backoff"),
+    pytest.param(spec_text(extra="[alerts]\nfailure_rate = 0\naccept_drop = 1"),
+                 id="alert-shares-at-0-and-1"),
+]
+
+
+@pytest.mark.parametrize("text", BOUNDARY)
+def test_a_number_at_the_edge_of_its_range_loads(tmp_path: Path, home: Path,
+                                                 text: str) -> None:
+    spec = _setup(tmp_path, text)
+    out = run_cli("fleetdeck-agent", "generate", spec, env={"HOME": str(home)})
+    # Loaded: refused only for the empty prompts file, after the spec checks.
+    assert_refused(out, 2, ["prompts file is empty", str(tmp_path / "prompts.jsonl")])
+    assert "must be" not in out.text
+
+
+def fleet_text(node: str, pulls: Path) -> str:
+    return "\n".join(["[console]", f'pull_dir = "{pulls}"', "", "[[nodes]]", 'name = "gen-1"',
+                      'host = "127.0.0.1"', 'run_dir = "/data/run"', node, ""])
+
+
+FLEET_BAD = [
+    pytest.param("port = 70000", "port", "between 1 and 65535", id="fleet-port-70000"),
+    pytest.param("port = 0", "port", "between 1 and 65535", id="fleet-port-0"),
+    pytest.param("connect_timeout_s = 0", "connect_timeout_s", "above 0",
+                 id="fleet-connect-timeout-0"),
+    pytest.param("keepalive_s = nan", "keepalive_s", "above 0", id="fleet-keepalive-nan"),
+]
+
+
+@pytest.mark.parametrize(("node", "key", "why"), FLEET_BAD)
+def test_a_fleet_node_number_out_of_range_is_refused(tmp_path: Path, home: Path, node: str,
+                                                     key: str, why: str) -> None:
+    fleet = tmp_path / "fleet.toml"
+    pulls = tmp_path / "pulls"
+    fleet.write_text(fleet_text(node, pulls))
+    before = tree(tmp_path)
+    out = run_cli("fleetdeck", "--fleet", fleet, "status", env={"HOME": str(home)})
+    assert_refused(out, 2, [str(fleet), "nodes[0]", key, why])
+    assert_only_changed(before, tree(tmp_path))
+    assert_only_changed({}, tree(home / ".ssh"))
