@@ -11,14 +11,24 @@ from typing import Any
 
 import uvicorn
 
+from agents.sim import logs
 from agents.sim.config import SimConfig
 from agents.sim.faults import Faults
 from agents.sim.logs import log
 from agents.sim.model import SimModel
 from agents.sim.server import SimServer, create_app
 from agents.sim.settings import SimSettings
+from agents.sim.versions import DEFAULT_VERSION, release
 
 BIND_SHARE = 0.75  # SGLang opens its port after the weights load, then warms up (503)
+
+
+def _version(text: str) -> str:
+    try:
+        release(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _share(text: str) -> float:
@@ -53,7 +63,11 @@ def _configure(p: argparse.ArgumentParser) -> None:
     sg.add_argument("--speculative-num-draft-tokens", type=int, default=4)
     sg.add_argument("--speculative-adaptive", action="store_true")
     sg.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
-    sg.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1)
+    sg.add_argument("--dp-size", "--dp", dest="dp_size", type=int, default=1,
+                    help="DP ranks: each logs its own batch lines and has its own "
+                         "internal_states entry and /metrics series")
+    sg.add_argument("--enable-dp-attention", action="store_true",
+                    help="the DP ranks split one TP group (DP d logs as TP d*tp/dp)")
     sg.add_argument("--load-balance-method", default="round_robin")
     sg.add_argument("--mem-fraction-static", type=float, default=None)
     sg.add_argument("--chunked-prefill-size", type=int, default=8192)
@@ -96,6 +110,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     sim.add_argument("--best-concurrency", type=float, default=40.0)
     sim.add_argument("--hybrid-log", action="store_true",
                      help="Qwen3.5/3.6 hybrid decode log lines (full token / mamba)")
+    sim.add_argument("--sglang-version", type=_version, default=DEFAULT_VERSION,
+                     metavar="X.Y.Z", help="play this SGLang release: its routes (only "
+                     "/get_server_info before 0.5.6), server-info body and log line forms")
     sim.add_argument("--decode-log-interval-s", type=float, default=2.0,
                      help="simulated seconds between decode log lines")
 
@@ -148,7 +165,8 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
         truncation_share=args.truncation_share, tool_call_share=args.tool_call_share,
         peak_tokens_per_s=args.peak_tokens_per_s, knee=args.knee,
         best_concurrency=args.best_concurrency, context_length=args.context_length,
-        max_total_num_tokens=args.max_total_tokens, faults=faults)
+        max_total_num_tokens=args.max_total_tokens, dp_size=max(1, args.dp_size),
+        faults=faults)
     algorithm = args.speculative_algorithm or ("EAGLE" if cfg.spec else None)
     if algorithm and algorithm.upper() == "NEXTN":
         algorithm = "EAGLE"  # SGLang rewrites NEXTN to EAGLE
@@ -158,6 +176,7 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
         "served_model_name": served, "host": args.host, "port": args.port,
         "api_key": None, "admin_api_key": None,  # never echoed back
         "tp_size": args.tp_size, "dp_size": args.dp_size, "pp_size": 1, "ep_size": 1,
+        "enable_dp_attention": args.enable_dp_attention,
         "load_balance_method": args.load_balance_method,
         "mem_fraction_static": args.mem_fraction_static or 0.85,
         "context_length": args.context_length,
@@ -193,7 +212,10 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
         enable_metrics=args.enable_metrics, enable_cache_report=args.enable_cache_report,
         reasoning_parser=server_args["reasoning_parser"], hybrid_log=args.hybrid_log,
         decode_log_interval_s=args.decode_log_interval_s, tp_size=args.tp_size,
-        dp_size=args.dp_size, launch_command=shlex.join(sys.argv), server_args=server_args)
+        dp_size=args.dp_size, dp_attention=args.enable_dp_attention,
+        sglang_version=args.sglang_version, launch_command=shlex.join(sys.argv),
+        server_args=server_args)
+    logs.DATE_FORMAT = settings.shape.date_format
     return cfg, settings
 
 

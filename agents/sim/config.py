@@ -35,7 +35,8 @@ class SimConfig:
     prefill_tokens_per_s: float = 40000.0
     tool_call_share: float = 0.5  # share of requests with tools that answer with a call
     context_length: int = 40960
-    max_total_num_tokens: int = 500_000
+    max_total_num_tokens: int = 500_000  # each DP rank's KV pool
+    dp_size: int = 1  # DP ranks; requests go to them in turn, each logs its own lines
     faults: Faults = field(default_factory=Faults)
 
     @property

@@ -15,7 +15,6 @@ from agents.sim.responses import json_response
 from agents.sim.settings import SimSettings
 from agents.sim.stats import Histogram
 
-SGLANG_VERSION = "0.5.23"
 PROM = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -62,23 +61,53 @@ class _Exposition:
         return "\n".join(self.lines) + "\n"
 
 
-def server_info(model: SimModel, settings: SimSettings) -> dict[str, Any]:
-    """`GET /server_info`: the server args with the live internal state."""
+def _internal_state(model: SimModel, settings: SimSettings, rank: int) -> dict[str, Any]:
+    """One DP rank's live state: its own throughput and cumulative accept length."""
     cfg = model.cfg
-    internal = dict(settings.server_args)
-    internal.update({
-        "last_gen_throughput": model.last.gen_throughput,
-        "effective_max_running_requests_per_dp": cfg.max_running_requests,
-        "memory_usage": {"weight": 54.68, "kvcache": round(cfg.max_total_num_tokens
-                                                           * 0.000131, 2),
-                         "token_capacity": cfg.max_total_num_tokens, "graph": 1.52},
-    })
-    if cfg.spec and model.avg_spec_accept_length is not None:
-        internal["avg_spec_accept_length"] = model.avg_spec_accept_length
-    return {**settings.server_args, "launch_command": settings.launch_command,
-            "max_total_num_tokens": cfg.max_total_num_tokens,
-            "max_req_input_len": min(cfg.context_length, cfg.max_total_num_tokens) - 1,
-            "version": SGLANG_VERSION, "internal_states": [internal]}
+    v = settings.shape
+    dp = len(model.ranks)
+    state = dict(settings.server_args)
+    if dp > 1:
+        last = model.rank_last.get(rank)
+        throughput = last.gen_throughput if last is not None else 0.0
+        accept = model.ranks[rank].accept_length
+    else:
+        throughput, accept = model.last.gen_throughput, model.avg_spec_accept_length
+    state["last_gen_throughput"] = throughput
+    if v.effective_cap:
+        state["effective_max_running_requests_per_dp"] = cfg.max_running_requests // dp
+    if v.load_field:
+        state["load"] = sum(1 for r in model.running if r.dp_rank == rank)
+    graph = v.memory_usage_graph_key
+    if graph is not None:
+        state["memory_usage"] = {"weight": 54.68, "kvcache": round(cfg.max_total_num_tokens
+                                                                   * 0.000131, 2),
+                                 "token_capacity": cfg.max_total_num_tokens, graph: 1.52}
+    if cfg.spec and accept is not None:
+        state["avg_spec_accept_length"] = accept
+    return state
+
+
+def server_info(model: SimModel, settings: SimSettings) -> dict[str, Any]:
+    """`GET /server_info` (or `/get_server_info`): the server args with the live state, in
+    the form of the version played: one `internal_states` entry per DP rank, the first
+    rank's merged at the top level (0.4.4-0.4.6.post1), or none (up to 0.4.3)."""
+    cfg = model.cfg
+    v = settings.shape
+    body: dict[str, Any] = {**settings.server_args, "launch_command": settings.launch_command,
+                            "max_total_num_tokens": cfg.max_total_num_tokens}
+    if v.max_req_input_len:
+        body["max_req_input_len"] = min(cfg.context_length, cfg.max_total_num_tokens) - 1
+    body["version"] = v.version
+    form = v.state_form
+    if form == "list":
+        body["internal_states"] = [_internal_state(model, settings, r)
+                                   for r in range(len(model.ranks))]
+    elif form == "top_level":
+        first = _internal_state(model, settings, 0)
+        body.update({k: first[k] for k in ("last_gen_throughput", "avg_spec_accept_length")
+                     if k in first})
+    return body
 
 
 def loads(model: SimModel, settings: SimSettings, include: str | None,
@@ -121,17 +150,66 @@ def loads(model: SimModel, settings: SimSettings, include: str | None,
             for name, v in items:
                 lines += [f"# TYPE {name} gauge", f'{name}{{dp_rank="0"}} {v}']
         return Response("\n".join(lines) + "\n", media_type=PROM)
-    return json_response({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION,
+    return json_response({"timestamp": datetime.now(UTC).isoformat(),
+                          "version": settings.sglang_version,
                   "accelerator": None, "num_accelerators": settings.tp_size,
                   "loads": [load]})
+
+
+def _scheduler_labels(settings: SimSettings, rank: int | None) -> dict[str, str]:
+    """A scheduler gauge's labels by version: engine_type from 0.4.4, tp_rank and pp_rank
+    (dp_rank with DP) from 0.4.10, moe_ep_rank from 0.5.7."""
+    r = settings.shape.r
+    labels = {"model_name": settings.served_model_name}
+    if r >= (0, 4, 4, 0):
+        labels["engine_type"] = "unified"
+    if r >= (0, 4, 10, 0):
+        labels.update(pp_rank="0", tp_rank="0")
+        if rank is not None:
+            labels["dp_rank"] = str(rank)
+            if settings.dp_attention:
+                labels["tp_rank"] = str(rank * max(1, settings.tp_size // settings.dp_size))
+    if r >= (0, 5, 7, 0):
+        labels["moe_ep_rank"] = "0"
+    return labels
+
+
+def _rank_gauges(model: SimModel, settings: SimSettings) -> list[tuple[str, str, list[tuple[
+        dict[str, str], float]]]]:
+    """With DP, the load gauges one series per rank (0.4.10+); before, one series that the
+    rank that wrote last owns (prometheus `mostrecent`): here rank 0's."""
+    cfg = model.cfg
+    ranked = settings.shape.metrics_rank_labels
+    ranks = range(len(model.ranks)) if ranked else range(1)
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for rank in ranks:
+        labels = _scheduler_labels(settings, rank if ranked else None)
+        running = [r for r in model.running if r.dp_rank == rank and not r.health]
+        used = sum(r.prompt_tokens + r.generated for r in running)
+        last = model.rank_last.get(rank)
+        for name, value in (
+                ("num_running_reqs", len(running)),
+                ("num_queue_reqs", len(model.waiting) // len(model.ranks)),
+                ("gen_throughput", last.gen_throughput if last is not None else 0.0),
+                ("token_usage", used / cfg.max_total_num_tokens),
+                ("num_used_tokens", used)):
+            out.setdefault(name, []).append((labels, value))
+    return [(name, HELP[name], samples) for name, samples in out.items()]
+
+
+HELP = {"num_running_reqs": "The number of running requests.",
+        "num_queue_reqs": "The number of requests in the waiting queue.",
+        "gen_throughput": "The generation throughput (token/s).",
+        "token_usage": "The token usage.", "num_used_tokens": "The number of used tokens."}
 
 
 def metrics(model: SimModel, settings: SimSettings) -> str:
     """`GET /metrics`: SGLang's gauges, counters and histograms."""
     cfg = model.cfg
-    sched = {"engine_type": "unified", "model_name": settings.served_model_name,
-             "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
-    tok = {"engine_type": "unified", "model_name": settings.served_model_name}
+    sched = _scheduler_labels(settings, None)
+    tok = {"model_name": settings.served_model_name}
+    if settings.shape.r >= (0, 4, 4, 0):
+        tok["engine_type"] = "unified"
     used = model.used_tokens()
     e = _Exposition()
     gauges: list[tuple[str, str, float]] = [
@@ -161,8 +239,13 @@ def metrics(model: SimModel, settings: SimSettings) -> str:
              cfg.spec_num_steps),
             ("spec_num_draft_tokens", "The number of speculative draft tokens.",
              cfg.spec_num_draft_tokens)]
+    ranked = dict.fromkeys(HELP) if len(model.ranks) > 1 else {}
+    for name, text, samples in _rank_gauges(model, settings) if ranked else ():
+        e.family(f"sglang:{name}", "gauge", text, [(f"sglang:{name}", labels, value)
+                                                  for labels, value in samples])
     for name, text, value in gauges:
-        e.family(f"sglang:{name}", "gauge", text, [(f"sglang:{name}", sched, value)])
+        if name not in ranked:
+            e.family(f"sglang:{name}", "gauge", text, [(f"sglang:{name}", sched, value)])
 
     def by_stream(counter: dict[str, int]) -> list[tuple[dict[str, str], float]]:
         return [(dict(tok, is_streaming=k), float(v)) for k, v in sorted(counter.items())]

@@ -14,7 +14,7 @@ from typing import Any
 
 from agents.sim.config import SimConfig
 from agents.sim.output import OutputPlan, OutputPlanner
-from agents.sim.stats import Histogram, Window
+from agents.sim.stats import Histogram, RankCounters, Window
 
 CACHE_BLOCK_CHARS = 256  # toy radix cache: prompts share prefixes in blocks of ~64 tokens
 _TICK_S = 0.01
@@ -30,6 +30,7 @@ class SimRequest:
     is_streaming: bool
     created: float
     health: bool = False
+    dp_rank: int = 0  # the DP rank that serves it (round robin at admission)
     admitted: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -63,6 +64,10 @@ class SimModel:
         self.paused = False
         self._wake = asyncio.Event()
         self._prefix_cache: set[int] = set()
+        # per DP rank (--dp-size): what each rank's own log lines report
+        self.ranks = [RankCounters() for _ in range(max(1, config.dp_size))]
+        self._next_rank = 0
+        self.rank_last: dict[int, Window] = {}  # each rank's last line (its gauges)
         # what clients sent and how many are being served (for /sim/state)
         self.in_flight = 0
         self.max_in_flight = 0
@@ -235,9 +240,12 @@ class SimModel:
             r = self.waiting.popleft()
             if r.admitted is None:
                 r.admitted = now
+                r.dp_rank = self._next_rank % len(self.ranks)
+                self._next_rank += 1
                 new = r.prompt_tokens - r.cached_tokens
                 r.prefill_left = new / cfg.prefill_tokens_per_s
                 if not r.health:
+                    self.ranks[r.dp_rank].admitted(new, r.cached_tokens)
                     self._win.new_seqs += 1
                     self._win.new_tokens += new
                     self._win.cached_tokens += r.cached_tokens
@@ -291,6 +299,7 @@ class SimModel:
         if not r.health:
             self._win.tokens += delta
             self._win_verify += delta / r.plan.accept_length
+            self.ranks[r.dp_rank].produced(delta, delta / r.plan.accept_length)
         r.changed.set()
 
     def _finish(self, r: SimRequest, finish: str, now: float, message: str = "") -> None:

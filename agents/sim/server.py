@@ -152,14 +152,18 @@ def create_app(sim: SimServer) -> FastAPI:
     async def ready() -> Response:
         return Response(status_code=200 if model.ready and not model.paused else 503)
 
-    @app.get("/server_info")
-    async def server_info() -> Response:
-        return json_response(exposition.server_info(model, sim.s))
+    new_route = sim.s.shape.server_info_route  # /server_info from 0.5.6; 404 before
+
+    if new_route:
+        @app.get("/server_info")
+        async def server_info() -> Response:
+            return json_response(exposition.server_info(model, sim.s))
 
     @app.get("/get_server_info")
     async def get_server_info() -> Response:
-        log("Endpoint '/get_server_info' is deprecated and will be removed in a future "
-            "version. Please use '/server_info' instead.")
+        if new_route:
+            log("Endpoint '/get_server_info' is deprecated and will be removed in a future "
+                "version. Please use '/server_info' instead.")
         return json_response(exposition.server_info(model, sim.s))
 
     def model_info_body() -> dict[str, Any]:

@@ -43,3 +43,28 @@ class Window:
     cached_tokens: int = 0
     input_throughput: float = 0.0
     tokens: int = 0
+
+
+@dataclass
+class RankCounters:
+    """One DP rank's running totals since start; its log lines report their growth between
+    two of its lines, and /server_info its cumulative accept length."""
+
+    tokens: int = 0
+    verify: float = 0.0
+    new_seqs: int = 0
+    new_tokens: int = 0
+    cached_tokens: int = 0
+
+    def admitted(self, new_tokens: int, cached_tokens: int) -> None:
+        self.new_seqs += 1
+        self.new_tokens += new_tokens
+        self.cached_tokens += cached_tokens
+
+    def produced(self, tokens: int, verify: float) -> None:
+        self.tokens += tokens
+        self.verify += verify
+
+    @property
+    def accept_length(self) -> float | None:
+        return self.tokens / self.verify if self.verify > 0 else None

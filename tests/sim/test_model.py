@@ -262,8 +262,9 @@ def test_queue_beyond_max_running_requests(faulty: SimHandle) -> None:
     results: list[int] = []
 
     def one() -> None:
-        r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 30000},
-                       timeout=30)
+        # ignore_eos: each answer runs to its max_tokens, so they outlast their arrivals
+        r = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                       json={**CHAT, "max_tokens": 30000, "ignore_eos": True})
         results.append(r.status_code)
 
     threads = [threading.Thread(target=one) for _ in range(10)]
