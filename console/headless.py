@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from agents.rpc.protocol import RpcError
-from agents.rundir.schema import Snapshot
+from agents.rundir.schema import ServerStatus, Snapshot
 from console.actions import BY_ID
 from console.fleet import Fleet, FleetError, Node, load_fleet
 from console.linkstate import LinkState
@@ -23,6 +23,7 @@ from console.sanitize import shown
 from console.transport import AgentLink, HostKeyProblem, Unreachable, accept_host_key
 
 EXIT_OK, EXIT_CHECK, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+DASH = "–"  # a figure the server does not give: unknown, never 0
 
 
 def say(msg: str) -> None:
@@ -103,9 +104,25 @@ def _human(entry: NodeStatus) -> str:
     t = snap.train
     if t is not None:
         line += f"  step {t.step}/{t.total_steps} loss {t.loss}"
+    for s in snap.servers:
+        line += "\n" + server_line(s)
     for a in snap.alerts:
         line += f"\n  ALERT {shown(a.severity)}: {shown(a.message)}"
     return line
+
+
+def server_line(s: ServerStatus) -> str:
+    """One server as SGLang reports it (running, queue, generation throughput, KV usage,
+    accept length): `–` for what it does not give, never 0."""
+    def fig(value: float | None, fmt: str) -> str:
+        return DASH if value is None else format(value, fmt)
+
+    accept = next((v for v in (s.accept_length, s.accept_length_window, s.accept_length_cum,
+                               s.accept_length_log) if v is not None), None)
+    kv = DASH if s.token_usage is None else f"{100 * s.token_usage:.0f}%"
+    return (f"  server {s.number} {shown(s.state)}: running {fig(s.running_reqs, 'd')}, "
+            f"queue {fig(s.queued_reqs, 'd')}, {fig(s.gen_throughput, ',.0f')} tok/s, "
+            f"KV {kv}, accept {fig(accept, '.2f')}")
 
 
 def _alerting(entries: list[NodeStatus]) -> bool:

@@ -20,6 +20,13 @@ GPU_COLUMNS = (("gpu", "GPU", None), ("state", "State", 22), ("restarts", "Resta
 METRICS_STALE_S = 15.0
 
 
+def tok_per_s(s: ServerStatus) -> float | None:
+    """Output tokens/s: what the engine measured on a server it sends to; for one it does not
+    (no engine row: limit 0), SGLang's own generation throughput, unknown if it gives none
+    (an engine's 0.0 there would be no measurement, not a zero)."""
+    return s.tok_per_s if s.limit > 0 else s.gen_throughput
+
+
 def accept_length(s: ServerStatus) -> float | None:
     for v in (s.accept_length, s.accept_length_window, s.accept_length_cum,
               s.accept_length_log):
@@ -49,7 +56,7 @@ def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool) -> Row:
     restarts = Text(str(s.restarts), style=dim or (style(theme, "warn") if s.restarts else ""))
     failed = Text(f.num(s.failed), style=dim or (style(theme, "warn") if s.failed else ""))
     cells = (f"{s.in_flight}/{s.limit}", f.num(s.queued_reqs), f.num(s.req_per_s, 2),
-             f.si(s.tok_per_s), f"{acc:.2f}" if acc is not None else f.DASH)
+             f.si(tok_per_s(s)), f"{acc:.2f}" if acc is not None else f.DASH)
     return (Text(label, style="bold"), Text(state, style=dim or style(theme, tone)), restarts,
             *(Text(c, style=dim) for c in cells), failed,
             *(Text(c, style=dim) for c in (util, mem, temp, power)))
