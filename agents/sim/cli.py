@@ -120,7 +120,8 @@ def _configure(p: argparse.ArgumentParser) -> None:
     faults.add_argument("--error-rate", type=_share, default=0.0,
                         help="share answered HTTP 500 with an SGLang error body")
     faults.add_argument("--hang-rate", type=_share, default=0.0,
-                        help="share never answered (until the client goes away)")
+                        help="share never answered (until /abort_request or the client "
+                             "goes away)")
     faults.add_argument("--crash-after-requests", type=int, default=None, metavar="N",
                         help="exit(1) when generation request N+1 arrives")
     faults.add_argument("--crash-after-seconds", type=float, default=None, metavar="T",

@@ -17,7 +17,7 @@ class Faults:
     """Faults on demand (flags at start, `POST /sim/faults` later)."""
 
     error_rate: float = 0.0  # HTTP 500 with an SGLang error body
-    hang_rate: float = 0.0  # never answers
+    hang_rate: float = 0.0  # held, never answered until aborted or the client goes away
     crash_after_requests: int | None = None  # os._exit when request N+1 arrives
     crash_after_seconds: float | None = None  # os._exit after T simulated seconds
     slow_factor: float = 1.0  # divides decode and prefill speed

@@ -31,6 +31,7 @@ class SimRequest:
     created: float
     health: bool = False
     dp_rank: int = 0  # the DP rank that serves it (round robin at admission)
+    hung: bool = False  # the hang fault: never scheduled, ends only when aborted
     admitted: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -60,6 +61,9 @@ class SimModel:
         self.fault_rng = random.Random(config.seed + 1_000_003)
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        # every request not finished, by rid (SGLang's rid_to_state); hung ones apart
+        self.by_rid: dict[str, SimRequest] = {}
+        self.hung: dict[str, SimRequest] = {}
         self.ready = False
         self.paused = False
         self._wake = asyncio.Event()
@@ -83,6 +87,7 @@ class SimModel:
         self.generation_tokens_total: Counter[str] = Counter()
         self.num_requests_total: Counter[str] = Counter()
         self.aborted_total = 0
+        self.abort_requests = 0  # POST /abort_request calls (by rid or all)
         self.verify_calls_total = 0
         self.cached_tokens_total = 0
         self.ttft = Histogram([0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100,
@@ -159,10 +164,19 @@ class SimModel:
         return self.planner.plan(max_tokens, prompt_tokens, thinking, tools, empty, ignore_eos,
                                  prompt)
 
+    def holds(self, rid: str) -> bool:
+        """A request with this rid is still in the server (SGLang refuses a second one)."""
+        return rid in self.by_rid
+
     def submit(self, rid: str, plan: OutputPlan, prompt_tokens: int, cached_tokens: int,
-               is_streaming: bool, health: bool = False) -> SimRequest:
+               is_streaming: bool, health: bool = False, hung: bool = False) -> SimRequest:
         now = self.clock()
-        req = SimRequest(rid, plan, prompt_tokens, cached_tokens, is_streaming, now, health)
+        req = SimRequest(rid, plan, prompt_tokens, cached_tokens, is_streaming, now, health,
+                         hung=hung)
+        self.by_rid[rid] = req
+        if hung:  # stuck in the server: no output until /abort_request or a disconnect
+            self.hung[rid] = req
+            return req
         if self.cfg.time_scale <= 0:  # no-delay mode: the answer is ready at once
             req.admitted = req.first_token_at = now
             req.progress = plan.n_tokens
@@ -182,7 +196,8 @@ class SimModel:
     def abort(self, rid: str | None = None, abort_all: bool = False,
               message: str = "Abort by user request") -> int:
         now = self.clock()
-        hits = [r for r in (*self.running, *self.waiting) if abort_all or r.rid == rid]
+        hits = [r for r in (*self.running, *self.waiting, *self.hung.values())
+                if abort_all or r.rid == rid]
         for r in hits:
             queued = r in self.waiting
             self._finish(r, "abort", now, "Abort in waiting queue" if queued else message)
@@ -307,6 +322,10 @@ class SimModel:
             self.running.remove(r)
         elif r in self.waiting:
             self.waiting.remove(r)
+        elif r.hung:
+            self.hung.pop(r.rid, None)
+        if self.by_rid.get(r.rid) is r:
+            del self.by_rid[r.rid]
         r.finish = finish
         r.abort_message = message
         r.finished_at = now
@@ -378,9 +397,11 @@ class SimModel:
             "max_in_flight": self.max_in_flight,
             "running": len(self.running),
             "queued": len(self.waiting),
+            "hung": len(self.hung),
             "requests_total": self.requests_total,
             "finished_total": self.finished_total,
             "aborted_total": self.aborted_total,
+            "abort_requests": self.abort_requests,
             "last_max_tokens": list(self.last_max_tokens),
             "max_tokens_counts": dict(self.max_tokens_counts),
             "faults": self.cfg.faults.as_dict(),

@@ -78,11 +78,7 @@ class Generation:
         if fault == "garbage":
             return Response(b"\x00\x01<html>simulated garbage, not JSON {\"choices\": [",
                             media_type="application/json")
-        if fault == "hang":
-            while not await request.is_disconnected():
-                await asyncio.sleep(0.2)
-            return Response(status_code=499)
-        return None
+        return None  # "empty" and "hang" are answered by the model (a hung request is held)
 
     async def _wait(self, req: SimRequest, request: Request) -> None:
         """Wait for the end; abort it when the client goes away, as SGLang does."""
@@ -165,7 +161,7 @@ class Generation:
                                       empty=fault == "empty", ignore_eos=ignore_eos,
                                       prompt=key)
         return self.model.submit(str(rid), plan, prompt_tokens, cached,
-                                 bool(body.get("stream")))
+                                 bool(body.get("stream")), hung=fault == "hang")
 
     async def _generation(self, request: Request, error: Callable[[str, int], Response],
                           handle: Callable[[Request, dict[str, Any], str | None],
@@ -180,6 +176,10 @@ class Generation:
             params = body.get("sampling_params")
             max_tokens = _opt_int(params.get("max_new_tokens")) if isinstance(params,
                                                                               dict) else None
+        rid = body.get("rid")
+        if isinstance(rid, str) and self.model.holds(rid):
+            # SGLang's tokenizer manager refuses a rid it still holds (a ValueError -> 400).
+            return error(f"Duplicate request ID detected: {rid}", 400)
         fault = self.model.begin_request(max_tokens)
         streaming = False
         try:

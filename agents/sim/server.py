@@ -36,8 +36,11 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 
 class AuthMiddleware:
-    """`--api-key` / `--admin-api-key` as SGLang checks them; /health*, /ready*, /metrics*
-    (and the simulator's /sim/*) never need a key."""
+    """`--api-key` / `--admin-api-key` as SGLang checks them (sglang/srt/utils/auth.py,
+    `decide_request_auth`): the admin paths are ADMIN_OPTIONAL there, so they take the admin
+    key when the server has one (and then not the API key), else the API key, else none;
+    every other path takes the API key when there is one. `Bearer` in any case. /health*,
+    /ready*, /metrics* (and the simulator's /sim/*) never need a key."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]],
                  api_key: str | None, admin_api_key: str | None) -> None:
@@ -53,7 +56,8 @@ class AuthMiddleware:
                 if path in ADMIN_PATHS and self.admin_api_key:
                     key = self.admin_api_key
                 given = dict(scope["headers"]).get(b"authorization", b"")
-                if key and given != b"Bearer " + key.encode():
+                scheme, _, token = given.partition(b" ")
+                if key and (scheme.lower() != b"bearer" or token != key.encode()):
                     await json_response({"error": "Unauthorized"}, 401)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
@@ -206,10 +210,16 @@ def create_app(sim: SimServer) -> FastAPI:
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
+        """SGLang's `AbortReq` body: {"rid": str, "abort_all": bool} (auth ADMIN_OPTIONAL, see
+        AuthMiddleware). 200 with no body, also for a rid it does not hold; a body that is not
+        a JSON object is a validation error (400)."""
         body = await read_json(request)
-        if isinstance(body, dict):
-            rid = body.get("rid")
-            model.abort(rid if isinstance(rid, str) else None, bool(body.get("abort_all")))
+        if isinstance(body, str):
+            return json_response({"object": "error", "message": body,
+                                  "type": "Bad Request", "param": None, "code": 400}, 400)
+        rid = body.get("rid")
+        model.abort_requests += 1
+        model.abort(rid if isinstance(rid, str) else None, bool(body.get("abort_all")))
         return Response(status_code=200)
 
     @app.post("/pause_generation")
