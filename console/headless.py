@@ -210,6 +210,15 @@ async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _resize_value(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number or auto, not {text!r}") from None
+
+
 def add_verbs(sub: Any) -> None:
     def verb(name: str, method: str, help_: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
@@ -229,8 +238,9 @@ def add_verbs(sub: Any) -> None:
     verb("pause", "pause", "stop sending new requests")
     verb("unpause", "unpause", "send requests again")
     verb("resume", "resume", "restart a dead supervisor or a stopped job")
-    p = verb("resize", "resize", "requests in flight per server")
-    p.add_argument("value", type=int)
+    p = verb("resize", "resize", "requests in flight per server (a number, or auto: each "
+             "server finds its best level)")
+    p.add_argument("value", type=_resize_value)
     p.add_argument("--server", type=int, default=None)
     p = verb("max-tokens", "max_tokens", "max tokens for new requests")
     p.add_argument("value", type=int)

@@ -1,5 +1,5 @@
-"""Verbs that change a live run through control.json: `resize`, `max-tokens`, `pause`,
-`unpause` and `retry`. The engine applies a change within 2 s."""
+"""Verbs that change a live run through control.json: `resize` (a number, or `auto`),
+`max-tokens`, `pause`, `unpause` and `retry`. The engine applies a change within 2 s."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from agents.cli.exits import EXIT_OK, EXIT_USAGE, non_negative
-from agents.rundir.control import ControlError, update_control
+from agents.rundir.control import ControlError, parse_resize_value, resize, update_control
 from agents.rundir.schema import Control
 
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("resize", help="set concurrency for all servers or one (--server N)")
+    p = sub.add_parser("resize", help="set concurrency for all servers or one (--server N); "
+                       "VALUE \"auto\" lets each server find its best level")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("value", type=non_negative, metavar="VALUE")
+    p.add_argument("value", type=_resize_value, metavar="VALUE")
     p.add_argument("--server", type=int, default=None, metavar="N")
     p.set_defaults(handler=cmd_resize)
 
@@ -60,19 +61,22 @@ def _max_concurrency(run_dir: Path) -> int | None:
     return spec.generate.max_concurrency if spec.generate else None
 
 
+def _resize_value(text: str) -> int | str:
+    try:
+        return parse_resize_value(text)
+    except ControlError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("resize: ")) from None
+
+
 def cmd_resize(args: argparse.Namespace) -> int:
     cap = _max_concurrency(args.run_dir)
-    if cap is not None and args.value > cap:
+    if cap is not None and isinstance(args.value, int) and args.value > cap:
         print(f"fleetdeck-agent resize: {args.value} is above [generate] max_concurrency {cap} "
               f"in {args.run_dir / 'run.toml'}", file=sys.stderr)
         return EXIT_USAGE
 
     def change(c: Control) -> None:
-        if args.server is None:
-            c.concurrency.default = args.value
-            c.concurrency.servers.clear()
-        else:
-            c.concurrency.servers[str(args.server)] = args.value
+        resize(c, args.value, args.server)
 
     return _control(args, "resize", {"value": args.value, "server": args.server}, change)
 

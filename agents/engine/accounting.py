@@ -1,12 +1,15 @@
-"""Run totals and rates, and the progress.json they make. Counted when lines are durable."""
+"""Run totals and rates, and the progress.json they make: the ETA with its p10-p90 band,
+GPU-hours and what they cost. Counted when lines are durable."""
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from agents.ewma import EwmaRate
-from agents.rundir.schema import Progress, ServerProgress, progress_decoder
+from agents.rundir.schema import Progress, ServerProgress, cost_of, progress_decoder
 
 
 @dataclass(slots=True)
@@ -20,6 +23,7 @@ class Totals:
     empty: int = 0
     retried: int = 0
     lines: int = 0
+    gpu_hours: float = 0.0
 
     @classmethod
     def from_progress(cls, raw: bytes | None) -> Totals:
@@ -37,7 +41,48 @@ class Totals:
             empty=p.empty,
             retried=p.retried,
             lines=p.completed,
+            gpu_hours=p.gpu_hours,
         )
+
+
+@dataclass(slots=True)
+class RateSpread:
+    """How the completion rate varied lately: rates over successive `bucket_s` spans of the
+    last `window_s`, whose p10 and p90 bound the ETA."""
+
+    window_s: float = 1200.0
+    bucket_s: float = 60.0
+    min_buckets: int = 3
+    _samples: deque[tuple[float, int]] = field(default_factory=deque)
+
+    def add(self, now: float, completed: int) -> None:
+        s = self._samples
+        if s and now - s[-1][0] < 1.0:
+            return
+        if s and completed < s[-1][1]:
+            s.clear()  # counted again from less (a retry superseding lines): start over
+        s.append((now, completed))
+        while len(s) > 2 and now - s[1][0] >= self.window_s:
+            s.popleft()
+
+    def rates(self) -> list[float]:
+        out: list[float] = []
+        start: tuple[float, int] | None = None
+        for t, c in self._samples:
+            if start is None:
+                start = (t, c)
+            elif t - start[0] >= self.bucket_s:
+                out.append((c - start[1]) / (t - start[0]))
+                start = (t, c)
+        return out
+
+    def band(self) -> tuple[float, float] | None:
+        """(p10, p90) of the recent rate, per second; None until min_buckets spans are in."""
+        rates = self.rates()
+        if len(rates) < self.min_buckets:
+            return None
+        q = statistics.quantiles(rates, n=10, method="inclusive")
+        return q[0], q[-1]
 
 
 @dataclass(slots=True)
@@ -45,12 +90,44 @@ class Meter:
     totals: Totals
     started_at: float = field(default_factory=time.time)
     rate: EwmaRate = field(default_factory=lambda: EwmaRate(60.0))
+    gpus: int = 0  # GPUs this run holds (one per server)
+    cost_per_gpu_hour: float | None = None
+    spread: RateSpread = field(default_factory=RateSpread)
+    since_mono: float = field(default_factory=time.monotonic)  # this engine's start
 
     def eta_hours(self, remaining: int) -> float | None:
         r = self.rate.rate
         if remaining <= 0:
             return 0.0
         return remaining / r / 3600.0 if r > 0 else None
+
+    def gpu_hours(self, now: float | None = None) -> float:
+        """GPU-hours so far: earlier engines' (from progress.json) and this one's."""
+        now = time.monotonic() if now is None else now
+        return self.totals.gpu_hours + self.gpus * max(0.0, now - self.since_mono) / 3600.0
+
+    def annotate(self, p: Progress, now: float | None = None) -> Progress:
+        """Add the ETA band and the cost to a progress record (`now`: monotonic)."""
+        now = time.monotonic() if now is None else now
+        self.spread.add(now, p.completed + p.failed)
+        remaining = p.total - p.completed - p.failed
+        band = self.spread.band()
+        if remaining <= 0:
+            p.eta_p10_hours = p.eta_p90_hours = 0.0
+        elif band is not None:
+            lo_rate, hi_rate = band
+            fast = remaining / hi_rate / 3600.0 if hi_rate > 0 else None
+            slow = remaining / lo_rate / 3600.0 if lo_rate > 0 else None
+            if p.eta_hours is not None:
+                fast = min(fast, p.eta_hours) if fast is not None else p.eta_hours
+                slow = max(slow, p.eta_hours) if slow is not None else None
+            p.eta_p10_hours = round(fast, 4) if fast is not None else None
+            p.eta_p90_hours = round(slow, 4) if slow is not None else None
+        p.gpus = self.gpus
+        p.gpu_hours = round(self.gpu_hours(now), 4)
+        p.cost = cost_of(self.cost_per_gpu_hour, p.gpus, p.gpu_hours, p.total_output_tokens,
+                         p.eta_hours)
+        return p
 
 
 def server_progress(number: int, url: str, state: str, in_flight: int, limit: int,
@@ -66,4 +143,4 @@ def server_progress(number: int, url: str, state: str, in_flight: int, limit: in
     )
 
 
-__all__ = ["Meter", "Progress", "Totals", "server_progress"]
+__all__ = ["Meter", "Progress", "RateSpread", "Totals", "server_progress"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import httpx
 
 from agents.engine.client import probe
 from agents.ewma import EwmaRate
+
+ANSWERS_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -31,13 +34,20 @@ class Server:
     spec_tokens: int = 0
     req_rate: EwmaRate = field(default_factory=lambda: EwmaRate(30.0))
     tok_rate: EwmaRate = field(default_factory=lambda: EwmaRate(30.0))
+    # The latest answers as (finished, monotonic; output tokens; latency s): what the
+    # auto-tuner measures (agents/engine/autotune.py).
+    answers: deque[tuple[float, int, float]] = field(
+        default_factory=lambda: deque(maxlen=ANSWERS_KEPT))
 
     @property
     def room(self) -> int:
         return self.limit - self.in_flight
 
-    def count_completion(self, completion_tokens: int, spec_verify_ct: int | None) -> None:
+    def count_completion(self, completion_tokens: int, spec_verify_ct: int | None,
+                         latency_s: float | None = None) -> None:
         """One answer: the request and token rates, and the accept length's two sums."""
+        if latency_s is not None:
+            self.answers.append((time.monotonic(), completion_tokens, latency_s))
         self.completed += 1
         self.req_rate.add()
         self.tok_rate.add(completion_tokens)

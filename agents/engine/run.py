@@ -18,6 +18,7 @@ import msgspec
 from agents.engine import EngineError
 from agents.engine import prompts as prompt_io
 from agents.engine.accounting import Meter, Totals, server_progress
+from agents.engine.autotune import AutoTuner
 from agents.engine.client import RequestFailed, build_request, chat, make_client
 from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.journal import Journal, failed, requeued, retry_applied
@@ -125,7 +126,8 @@ class Engine:
             progress_raw = (self.run_dir / "progress.json").read_bytes()
         except FileNotFoundError:
             pass
-        self.meter = Meter(Totals.from_progress(progress_raw))
+        self.meter = Meter(Totals.from_progress(progress_raw), gpus=len(self.urls),
+                           cost_per_gpu_hour=self.spec.run.cost_per_gpu_hour)
         bad: str | None
         try:
             self.control = ensure_control(self.run_dir, self.gen.concurrency_per_server,
@@ -136,7 +138,7 @@ class Engine:
         if bad is not None:
             # Nothing applied yet: the last good control is what progress.json says the
             # engine ran with (else run.toml's); the run starts on it, not on a traceback.
-            self.control = last_good_control(progress_raw, self.gen.concurrency_per_server,
+            self.control = last_good_control(progress_raw, self.gen.initial_concurrency,
                                              self.gen.max_tokens,
                                              self.journal.state.retry_applied)
             self._control_unusable(bad)
@@ -156,6 +158,9 @@ class Engine:
         ]
         self.dispatcher = Dispatcher(self.servers, self.gen.server_failures_to_down,
                                      probe_interval_s=1.0, probe_timeout_s=30.0)
+        # `resize auto` / concurrency_per_server = "auto": the tuner writes control.json.
+        self.autotune = AutoTuner(self.run_dir, self.servers, lambda: self.control,
+                                  self.gen.max_concurrency)
 
     def _limit_for(self, server: int) -> int:
         assert self.control is not None
@@ -196,6 +201,7 @@ class Engine:
             asyncio.create_task(self._progress_loop(), name="progress"),
             asyncio.create_task(self._control_loop(), name="control"),
             asyncio.create_task(self.dispatcher.probe_forever(), name="probe"),
+            asyncio.create_task(self.autotune.run(), name="autotune"),
         ]
         if self.uploader is not None:
             background.append(asyncio.create_task(self.uploader.run(), name="uploader"))
@@ -311,7 +317,8 @@ class Engine:
                     server = await self.dispatcher.acquire(avoid=server.number, retry=True)
                     continue
                 self.dispatcher.record_success(server)
-                server.count_completion(result.completion_tokens, result.spec_verify_ct)
+                server.count_completion(result.completion_tokens, result.spec_verify_ct,
+                                        result.latency_s)
                 await self.dispatcher.release(server)
                 line = BatchLine(
                     index=prompt.index, id=prompt.id, messages=prompt.messages, tools=prompt.tools,
@@ -562,8 +569,10 @@ class Engine:
                             s.last_error)
             for s in self.servers
         )
+        for s in self.servers:
+            servers[str(s.number)].autotune = self.autotune.state(s.number)
         assert self.control is not None
-        return Progress(
+        return self.meter.annotate(Progress(
             total=total, completed=completed, failed=failed_n,
             rate_per_sec=round(self.meter.rate.rate, 3),
             eta_hours=self.meter.eta_hours(total - completed - failed_n),
@@ -581,7 +590,7 @@ class Engine:
             bad_input=self.journal.state.bad_input, paused=self.dispatcher.paused,
             s3_error=up.last_error if up else None, batches_closed=self._batches_closed,
             message=self.message or self._control_note,
-        )
+        ))
 
     def _write_progress(self) -> None:
         snap = encoder.encode(self.snapshot())

@@ -17,7 +17,8 @@ from agents.artifacts.manifest import MAX_LIMIT, Manifest
 from agents.artifacts.verify import VerifyError, verify_run
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
 from agents.rundir.browse import OutsideRunDir, history, log_path, recent_samples, tail
-from agents.rundir.control import ControlError, update_control
+from agents.rundir.control import ControlError, parse_resize_value, update_control
+from agents.rundir.control import resize as control_resize
 from agents.rundir.schema import Control
 
 MAX_LOG_LINES = 5000
@@ -62,17 +63,13 @@ class ControlMethods:
             return self._write("unpause", p, lambda c: setattr(c, "paused", False))
 
         async def resize(p: dict[str, Any]) -> Any:
-            value = _int(p, "value")
+            try:
+                value = parse_resize_value(p.get("value"))
+            except ControlError as exc:
+                raise RpcError(INVALID_PARAMS, str(exc)) from None
             server = p.get("server")
-
-            def change(c: Control) -> None:
-                if server is None:
-                    c.concurrency.default = value
-                    c.concurrency.servers.clear()
-                else:
-                    c.concurrency.servers[str(int(server))] = value
-
-            return self._write("resize", p, change)
+            number = None if server is None else _int(p, "server")
+            return self._write("resize", p, lambda c: control_resize(c, value, number))
 
         async def max_tokens(p: dict[str, Any]) -> Any:
             value = _int(p, "value", 1)

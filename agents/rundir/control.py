@@ -17,6 +17,7 @@ import msgspec
 
 from agents.rundir.atomic import atomic_write
 from agents.rundir.schema import Concurrency, Control, control_decoder, encoder
+from agents.rundir.spec import AUTO_START
 
 
 class ControlError(ValueError):
@@ -39,8 +40,50 @@ def read_control(run_dir: Path) -> Control | None:
         raise ControlError(f"{path}: {exc}") from None
 
 
-def initial_control(concurrency: int, max_tokens: int) -> Control:
+AUTO = "auto"  # what `resize` takes, beside a number, to hand a server to the auto-tuner
+AUTO_WHO = "auto"  # the audit trail's `who` for the tuner's own changes
+
+
+def initial_control(concurrency: int | str, max_tokens: int) -> Control:
+    if concurrency == AUTO:
+        return Control(rev=1, concurrency=Concurrency(default=AUTO_START, auto=True),
+                       max_tokens=max_tokens)
+    assert isinstance(concurrency, int)
     return Control(rev=1, concurrency=Concurrency(default=concurrency), max_tokens=max_tokens)
+
+
+def parse_resize_value(value: object) -> int | str:
+    """`resize`'s VALUE: a whole number >= 0 or "auto"; ControlError naming it otherwise."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ControlError(f"resize: VALUE must be a whole number >= 0 or \"auto\", got {value!r}")
+
+
+def resize(c: Control, value: int | str, server: int | None) -> None:
+    """The one meaning of `resize` (CLI and RPC alike): a number sets the level by hand and
+    takes the server (or all) away from the tuner; "auto" hands it (or all) to the tuner,
+    which starts from the level it has now."""
+    conc = c.concurrency
+    if value == AUTO:
+        if server is None:
+            conc.auto = True
+            conc.auto_servers.clear()
+        else:
+            conc.auto_servers[str(server)] = True
+        return
+    assert isinstance(value, int)
+    if server is None:
+        conc.default = value
+        conc.servers.clear()
+        conc.auto = False
+        conc.auto_servers.clear()
+    else:
+        conc.servers[str(server)] = value
+        conc.auto_servers[str(server)] = False
 
 
 @contextmanager
@@ -90,7 +133,23 @@ def update_control(run_dir: Path, method: str, params: dict[str, Any],
     return current
 
 
-def ensure_control(run_dir: Path, concurrency: int, max_tokens: int) -> Control:
+def set_auto_level(run_dir: Path, server: int, level: int, why: str) -> Control | None:
+    """The tuner's change of one server's level: written (rev + 1, audited with who = auto)
+    only while that server is still auto-tuned and the level differs; None otherwise, so a
+    manual resize that landed a moment before always wins."""
+    with control_lock(run_dir):
+        current = read_control(run_dir)
+        if current is None or not current.concurrency.auto_for(server) or \
+                current.concurrency.for_server(server) == level:
+            return None
+        current.concurrency.servers[str(server)] = level
+        current.rev += 1
+        atomic_write(control_path(run_dir), encoder.encode(current))
+    audit(run_dir, "resize", {"value": level, "server": server, "why": why}, AUTO_WHO)
+    return current
+
+
+def ensure_control(run_dir: Path, concurrency: int | str, max_tokens: int) -> Control:
     """First launch writes run.toml's values; on resume the last control.json wins."""
     with control_lock(run_dir):
         current = read_control(run_dir)

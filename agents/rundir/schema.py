@@ -86,11 +86,20 @@ class UploadRecord(msgspec.Struct):
 
 
 class Concurrency(msgspec.Struct):
+    """Requests in flight per server: `default`, or `servers[N]`. A server is auto-tuned when
+    `auto_servers[N]` says so, else when `auto` does (`resize auto`); the tuner then writes
+    its level into `servers[N]`, and a manual resize of N sets `auto_servers[N]` false."""
+
     default: int
     servers: dict[str, int] = msgspec.field(default_factory=dict)
+    auto: bool = False
+    auto_servers: dict[str, bool] = msgspec.field(default_factory=dict)
 
     def for_server(self, server: int) -> int:
         return self.servers.get(str(server), self.default)
+
+    def auto_for(self, server: int) -> bool:
+        return self.auto_servers.get(str(server), self.auto)
 
 
 class RetryRequests(msgspec.Struct):
@@ -110,6 +119,33 @@ class Control(msgspec.Struct, forbid_unknown_fields=True):
     retry: RetryRequests = msgspec.field(default_factory=RetryRequests)
 
 
+class TunePoint(msgspec.Struct):
+    """One measurement of a server at a concurrency: output tokens/s and the mean latency of
+    the requests that ran entirely at that level (`at`: when it was taken)."""
+
+    concurrency: int
+    tok_per_s: float
+    latency_s: float
+    requests: int
+    at: float
+
+
+TunePhase = Literal["measuring", "settled", "waiting"]
+
+
+class AutoTune(msgspec.Struct):
+    """The auto-tuner's state for one server: the level it chose, what it is doing, the
+    ceiling the server reported (`max_running_requests`), and the curve it measured."""
+
+    level: int
+    phase: TunePhase
+    cap: int | None = None
+    best: int | None = None
+    curve: list[TunePoint] = msgspec.field(default_factory=list)
+    next_probe_at: float | None = None
+    note: str | None = None  # the last decision, in words
+
+
 class ServerProgress(msgspec.Struct):
     url: str
     state: ServerState
@@ -122,6 +158,7 @@ class ServerProgress(msgspec.Struct):
     accept_length: float | None
     errors_in_row: int = 0
     last_error: str | None = None
+    autotune: AutoTune | None = None  # None: the server's concurrency is set by hand
 
 
 class Progress(msgspec.Struct):
@@ -160,6 +197,37 @@ class Progress(msgspec.Struct):
     s3_error: str | None = None
     batches_closed: int = 0
     message: str | None = None
+    # The ETA's p10-p90 band, from the spread of the recent rate (None until it is known).
+    eta_p10_hours: float | None = None
+    eta_p90_hours: float | None = None
+    # What it costs: GPUs held, GPU-hours so far (across restarts), and with
+    # [run] cost_per_gpu_hour the money (None without it).
+    gpus: int = 0
+    gpu_hours: float = 0.0
+    cost: Cost | None = None
+
+
+class Cost(msgspec.Struct):
+    """Money: `usd` so far, per million output tokens, and projected to the end at the ETA."""
+
+    per_gpu_hour: float
+    usd: float
+    per_mtok_usd: float | None
+    projected_usd: float | None
+
+
+def cost_of(per_gpu_hour: float | None, gpus: int, gpu_hours: float, output_tokens: int,
+            eta_hours: float | None) -> Cost | None:
+    """The run's cost at a price; the console calls it again with a node's own price."""
+    if per_gpu_hour is None:
+        return None
+    usd = per_gpu_hour * gpu_hours
+    return Cost(
+        per_gpu_hour=per_gpu_hour, usd=round(usd, 2),
+        per_mtok_usd=round(usd / (output_tokens / 1e6), 3) if output_tokens else None,
+        projected_usd=(round(usd + per_gpu_hour * gpus * eta_hours, 2)
+                       if eta_hours is not None else None),
+    )
 
 
 class RunPin(msgspec.Struct):
@@ -234,6 +302,9 @@ class Alert(msgspec.Struct):
     message: str
     since: float
     server: int | None = None
+    # Console actions (ids of console/actions.py) that deal with it; the console names the
+    # user's keys for them.
+    actions: list[str] = msgspec.field(default_factory=list)
 
 
 class GpuStats(msgspec.Struct):

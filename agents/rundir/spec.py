@@ -10,6 +10,10 @@ from typing import Any, Literal
 
 import msgspec
 
+# Where `concurrency_per_server = "auto"` starts: low, so that a server whose knee is low is
+# never flooded while the tuner climbs.
+AUTO_START = 4
+
 
 class SpecError(ValueError):
     """A run spec that cannot be used; the message names the file, the key and the reason."""
@@ -19,6 +23,9 @@ class RunSection(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     kind: Literal["generate", "train"] = "generate"
     dir: str | None = None
+    # Dollars per GPU-hour: with it, progress.json carries $ so far, $ per million output
+    # tokens and the projected total. GPUs: one per [servers] gpus entry (or url).
+    cost_per_gpu_hour: float | None = None
 
 
 class ServersSection(msgspec.Struct, forbid_unknown_fields=True):
@@ -50,7 +57,9 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     prompts: str
     model: str | None = None
     max_tokens: int = 4096
-    concurrency_per_server: int = 40
+    # Requests in flight per server, or "auto": each server's level is tuned from measured
+    # throughput and latency (agents/engine/autotune.py).
+    concurrency_per_server: int | Literal["auto"] = 40
     batch_size: int = 500
     retries: int = 3
     request_timeout_s: float = 3600.0
@@ -61,6 +70,17 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     server_failures_to_down: int = 3
     drain_timeout_s: float = 300.0
     max_concurrency: int = 1024
+
+    @property
+    def auto_concurrency(self) -> bool:
+        return self.concurrency_per_server == "auto"
+
+    @property
+    def initial_concurrency(self) -> int:
+        """The level a run starts at: the number given, or the auto-tuner's first probe."""
+        if isinstance(self.concurrency_per_server, int):
+            return self.concurrency_per_server
+        return min(AUTO_START, self.max_concurrency)
     # A prompt line longer than this (bytes, newline not counted) is bad_input, never read
     # whole.
     max_prompt_bytes: int = 16 << 20
@@ -77,6 +97,8 @@ class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
     accept_drop: float = 0.7
     disk_hours: float = 6.0
     min_samples: int = 20
+    # A run done or stopped while its servers still hold the GPUs this long: "GPUs idle".
+    idle_alert_s: float = 900.0
 
 
 class S3Section(msgspec.Struct, forbid_unknown_fields=True):
@@ -229,7 +251,7 @@ def _check(spec: RunSpec, path: Path) -> None:
                 fail(f"[servers] urls[{i}]", f"{url!r} is not an http(s) URL")
         positive = {
             "max_tokens": gen.max_tokens,
-            "concurrency_per_server": gen.concurrency_per_server,
+            "concurrency_per_server": gen.initial_concurrency,
             "batch_size": gen.batch_size,
             "retries": gen.retries,
             "server_failures_to_down": gen.server_failures_to_down,
@@ -238,7 +260,7 @@ def _check(spec: RunSpec, path: Path) -> None:
         for key, value in positive.items():
             if value < 1:
                 fail(f"[generate] {key}", f"must be at least 1, got {value}")
-        if gen.concurrency_per_server > gen.max_concurrency:
+        if gen.initial_concurrency > gen.max_concurrency:
             fail("[generate] concurrency_per_server",
                  f"above max_concurrency {gen.max_concurrency}")
         for key, t in (("request_timeout_s", gen.request_timeout_s),
@@ -256,6 +278,11 @@ def _check(spec: RunSpec, path: Path) -> None:
             fail("[train]", "missing (required for kind = \"train\")")
             return
         _check_train(spec.train, fail)
+    cost = spec.run.cost_per_gpu_hour
+    if cost is not None and cost < 0:
+        fail("[run] cost_per_gpu_hour", f"must not be negative, got {cost}")
+    if spec.alerts.idle_alert_s <= 0:
+        fail("[alerts] idle_alert_s", f"must be positive, got {spec.alerts.idle_alert_s}")
     if spec.s3 is not None and not spec.s3.bucket:
         fail("[s3] bucket", "must not be empty")
 

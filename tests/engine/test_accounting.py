@@ -1,0 +1,111 @@
+"""The ETA's p10-p90 band and what a run costs, on a frozen clock; both in a real
+progress.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.engine.accounting import Meter, RateSpread, Totals
+from agents.rundir.schema import Progress, cost_of, encoder
+
+T0 = 5000.0  # monotonic seconds at this engine's start
+
+
+def progress(completed: int, total: int = 100_000, eta_hours: float | None = 1.0,
+             output_tokens: int = 0) -> Progress:
+    return Progress(total=total, completed=completed, failed=0, rate_per_sec=10.0,
+                    eta_hours=eta_hours, total_input_tokens=0,
+                    total_output_tokens=output_tokens, avg_output_tokens=0, elapsed_hours=0,
+                    s3_uploaded=0, s3_bytes=0, status="running", truncated=0, empty=0,
+                    max_tokens=4096, concurrency=8, in_flight=8, retried=0, s3_pending=0,
+                    control_rev=1, updated_at=0, servers={})
+
+
+def test_eta_band_from_the_spread_of_the_recent_rate() -> None:
+    meter = Meter(Totals(), since_mono=T0)
+    # Twenty minutes whose minutes alternate 8 and 12 completions a second.
+    done, t = 0, T0
+    p = meter.annotate(progress(done), now=t)
+    assert p.eta_p10_hours is None and p.eta_p90_hours is None  # not enough spans yet
+    for minute in range(20):
+        rate = 8 if minute % 2 else 12
+        for _ in range(60):
+            t += 1
+            done += rate
+            p = meter.annotate(progress(done, eta_hours=None), now=t)
+    remaining = 100_000 - done
+    assert p.eta_p10_hours == pytest.approx(remaining / 12 / 3600, rel=0.02)
+    assert p.eta_p90_hours == pytest.approx(remaining / 8 / 3600, rel=0.02)
+    # The central ETA lies inside the band, which is widened to hold it if need be.
+    central = remaining / 10 / 3600
+    p = meter.annotate(progress(done, eta_hours=central), now=t + 1)
+    assert p.eta_p10_hours is not None and p.eta_p90_hours is not None
+    assert p.eta_p10_hours <= central <= p.eta_p90_hours
+    far = meter.annotate(progress(done, eta_hours=central * 3), now=t + 2)
+    assert far.eta_p90_hours == pytest.approx(central * 3, rel=1e-3)
+
+
+def test_a_pause_makes_the_slow_end_unknown_and_the_end_is_zero() -> None:
+    spread = RateSpread(window_s=600, bucket_s=60)
+    meter = Meter(Totals(), spread=spread, since_mono=T0)
+    done, t = 0, T0
+    for minute in range(7):  # minutes 2 to 4 paused
+        for _ in range(60):
+            t += 1
+            done += 0 if minute in (2, 3, 4) else 10
+            meter.annotate(progress(done), now=t)
+    p = meter.annotate(progress(done, eta_hours=None), now=t + 1)
+    assert p.eta_p10_hours is not None and p.eta_p90_hours is None  # p10 of the rate is 0
+    assert meter.annotate(progress(100_000, eta_hours=0.0), now=t + 2).eta_p90_hours == 0.0
+
+
+def test_cost_so_far_per_million_tokens_and_projected() -> None:
+    # 10 GPU-hours from earlier engines (progress.json), 8 GPUs for half an hour now.
+    carried = Totals.from_progress(encoder.encode(_with(progress(0), gpu_hours=10.0)))
+    assert carried.gpu_hours == 10.0
+    meter = Meter(carried, gpus=8, cost_per_gpu_hour=2.5, since_mono=T0)
+    p = meter.annotate(progress(50_000, eta_hours=2.0, output_tokens=7_000_000),
+                       now=T0 + 1800)
+    assert (p.gpus, p.gpu_hours) == (8, 14.0)
+    assert p.cost is not None
+    assert p.cost.usd == 35.0  # 14 GPU-h x $2.50
+    assert p.cost.per_mtok_usd == 5.0  # $35 / 7 M output tokens
+    assert p.cost.projected_usd == 75.0  # + 8 GPUs x 2 h x $2.50
+    # A node's own price in the fleet file: the console recomputes from the same figures.
+    other = cost_of(4.0, p.gpus, p.gpu_hours, p.total_output_tokens, p.eta_hours)
+    assert other is not None and (other.usd, other.projected_usd) == (56.0, 120.0)
+    # Without a price: GPU-hours, no money.
+    free = Meter(Totals(), gpus=8, since_mono=T0).annotate(progress(1), now=T0 + 3600)
+    assert free.cost is None and free.gpu_hours == 8.0
+
+
+def _with(p: Progress, **fields: Any) -> Progress:
+    for k, v in fields.items():
+        setattr(p, k, v)
+    return p
+
+
+def test_progress_json_carries_band_and_cost(tmp_path: Path, sims: Any) -> None:
+    from tests.engine.runs import start_engine, write_prompts, write_spec
+
+    sim = sims("--time-scale", "0.3")
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 200)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], max_tokens=64)
+    spec.write_text(spec.read_text().replace('name = "test-run"',
+                                             'name = "test-run"\ncost_per_gpu_hour = 3.6'))
+    engine = start_engine(spec)
+    try:
+        assert engine.wait(120) == 0, engine.stderr()
+        p: dict[str, Any] = json.loads((engine.run_dir / "progress.json").read_text())
+        assert p["status"] == "done" and p["gpus"] == 1 and p["gpu_hours"] > 0
+        assert p["cost"]["per_gpu_hour"] == 3.6
+        assert p["cost"]["usd"] == pytest.approx(3.6 * p["gpu_hours"], abs=0.01)
+        assert p["cost"]["per_mtok_usd"] > 0
+        assert p["eta_p10_hours"] == p["eta_p90_hours"] == 0.0
+    finally:
+        engine.kill()
