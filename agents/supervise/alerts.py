@@ -7,6 +7,7 @@ hours and is failing now must say so now. An alert clears when its condition doe
 from __future__ import annotations
 
 import itertools
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -25,9 +26,23 @@ class _Sample:
     server_completed: dict[str, int]
 
 
+# What to do about idle GPUs: console actions (console/actions.py), named by id.
+IDLE_ACTIONS = ["pull", "decommission"]
+
+
+def gpus_held_idle(progress: Progress | None, servers: list[ServerStatus]) -> int:
+    """This node's own servers still up after its run ended (done or stopped); 0 while it
+    runs. Servers started elsewhere ([servers] urls: no pid here) are not ours to give back."""
+    if progress is None or progress.status not in ("done", "stopped"):
+        return 0
+    return sum(1 for s in servers
+               if s.pid is not None and s.state in ("healthy", "degraded", "starting"))
+
+
 class AlertBook:
-    def __init__(self, cfg: AlertsSection) -> None:
+    def __init__(self, cfg: AlertsSection, host: str | None = None) -> None:
         self.cfg = cfg
+        self.host = host or socket.gethostname()
         self._samples: deque[_Sample] = deque()
         self._since: dict[str, float] = {}
         self._last_completion: dict[str, float] = {}
@@ -35,6 +50,7 @@ class AlertBook:
         self._accept_n = 0
         # (since, max_tokens): when each limit was set, to name the ones answers ran with.
         self._limits: list[tuple[float, int]] = []
+        self._idle_from: float | None = None
 
     def _note_limit(self, now: float, max_tokens: int) -> None:
         if not self._limits or self._limits[-1][1] != max_tokens:
@@ -75,6 +91,24 @@ class AlertBook:
 
         def alert(code: str, severity: str, message: str, server: int | None = None) -> None:
             raised[code] = (severity, message, server)
+
+        gpus = gpus_held_idle(progress, servers)
+        if not gpus or progress is None:
+            self._idle_from = None
+        elif self._idle_from is None:
+            # A live engine stamps every snapshot now; one read from disk says when it ended.
+            self._idle_from = min(now, progress.updated_at)
+        ended = self._idle_from
+        if ended is not None and now - ended >= self.cfg.idle_alert_s:
+            cost = ""
+            if progress is not None and progress.cost is not None:
+                burn = progress.cost.per_gpu_hour * gpus
+                cost = f", ${burn:,.2f}/h: ${burn * (now - ended) / 3600:,.2f} so far"
+            status = progress.status if progress is not None else "over"
+            alert("idle", "warning",
+                  f"GPUs idle on {self.host} — pull and decommission (the run has been "
+                  f"{status} for {(now - ended) / 60:.0f} min; {gpus} server(s) still up"
+                  f"{cost})")
 
         for s in servers:
             if s.state in ("down", "restarting"):
@@ -159,9 +193,12 @@ class AlertBook:
         for code in list(self._since):
             if code not in raised:
                 del self._since[code]
+        if "idle" in raised and ended is not None:
+            self._since.setdefault("idle", ended)
         out = []
         for code, (severity, message, server) in sorted(raised.items()):
             since = self._since.setdefault(code, now)
             out.append(Alert(code=code, severity=severity,  # type: ignore[arg-type]
-                             message=message, since=since, server=server))
+                             message=message, since=since, server=server,
+                             actions=list(IDLE_ACTIONS) if code == "idle" else []))
         return out
