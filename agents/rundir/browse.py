@@ -113,6 +113,17 @@ def open_regular(path: Path) -> int:
     return fd
 
 
+def read_regular(path: Path, limit: int = 64 * 2**20) -> bytes:
+    """A small run-directory file read whole, as `open_regular` opens it; a file over `limit`
+    bytes is refused (OSError), never loaded."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path}: over {limit} bytes; refused")
+    return data
+
+
 def tail(path: Path, lines: int = 100, before: int | None = None) -> dict[str, Any]:
     """The last `lines` lines ending before byte offset `before` (pagination backwards).
     Only a regular file is read (see open_regular); at most MAX_TAIL_BYTES of it."""

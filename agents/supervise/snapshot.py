@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from agents import __version__
+from agents.rundir.browse import read_regular
 from agents.rundir.schema import (
     DiskStatus,
     GpuStats,
@@ -107,9 +108,10 @@ class Nvml:
 
 def read_progress(run_dir: Path) -> tuple[Progress | None, float | None]:
     try:
-        raw = (run_dir / "progress.json").read_bytes()
+        raw = read_regular(run_dir / "progress.json")
         p = progress_decoder.decode(raw)
-    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        # Missing, a FIFO, a folder, a symlink or torn: no progress (never a hang or a crash).
         return None, None
     return p, max(0.0, time.time() - p.updated_at)
 
@@ -118,8 +120,8 @@ def read_train_progress(run_dir: Path) -> TrainProgress | None:
     """The trainer's progress.json, typed; None when it is missing, unreadable or not a
     training run's (a half-written or foreign file is no progress)."""
     try:
-        return train_progress_decoder.decode((run_dir / "progress.json").read_bytes())
-    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+        return train_progress_decoder.decode(read_regular(run_dir / "progress.json"))
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
 
 

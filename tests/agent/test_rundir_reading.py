@@ -106,3 +106,21 @@ def test_a_deeply_nested_request_gets_an_error_and_the_session_goes_on(run_dir: 
     assert "nested" in errors[0]["error"]["message"]
     assert out.by_id(2)["result"]["protocol"] == 1
     assert out.by_id(3)["result"]["progress"]["completed"] == 40
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "symlink"])
+def test_status_from_disk_survives_an_odd_progress_json(run_dir: Path, tmp_path: Path,
+                                                        kind: str) -> None:
+    progress = run_dir / "progress.json"
+    progress.unlink()
+    if kind == "fifo":
+        os.mkfifo(progress)  # reading it whole would wait for a writer for ever
+    elif kind == "folder":
+        progress.mkdir()
+    else:
+        (tmp_path / "elsewhere.json").write_text('{"total": 1}')
+        progress.symlink_to(tmp_path / "elsewhere.json")
+    out = serve(run_dir, request(1, "hello", protocol=1), request(2, "status"), timeout=30)
+    assert out.code == 0 and "Traceback" not in out.stderr, out.stderr
+    snap = out.by_id(2)["result"]
+    assert snap["progress"] is None, snap
