@@ -38,9 +38,11 @@ MAX_LIMIT = 5000
 # Top-level files that hold the run's state (the rest of the top level is "other").
 STATE_FILES = frozenset({
     "run.toml", "run.base", "run.pin.json", "control.json", "progress.json", "failures.jsonl",
-    "uploads.jsonl", "history.jsonl", "control.log.jsonl", "servers.json", "supervisor.pid",
-    "agent.sock.path",
+    "uploads.jsonl", "history.jsonl", "control.log.jsonl", "servers.json",
 })
+# Top-level files that mean something only while the supervisor lives (where its socket is,
+# its pid): not artifacts, so never listed, pulled or waited for by the gate.
+RUNTIME_FILES = frozenset({"agent.sock.path", "supervisor.pid"})
 
 
 def wire_name(rel: str) -> tuple[str, str] | None:
@@ -221,6 +223,8 @@ def walk(run_dir: Path) -> list[Found]:
         for entry in entries:
             if skipped(entry.name) or (not base and entry.name == SECRETS_NAME):
                 continue  # secrets.json: never listed, so never served or pulled
+            if not base and entry.name in RUNTIME_FILES:
+                continue
             rel = base + entry.name
             try:
                 st = entry.stat(follow_symlinks=False)

@@ -6,12 +6,21 @@ part size; nothing extra or missing under the prefix) and the counts against eac
 (distinct indices in .done_indices = progress.json `completed` = current batch lines; closed
 batch files = objects under the prefix). Every discrepancy names its batch and index range.
 Blocking (it reads every batch once): the RPC method runs it in a thread.
+
+A live run (its engine's pid alive, progress.json saying it runs) is judged on what is
+committed: each file is read after the ones the engine writes before it (.done_indices before
+the batches, uploads.jsonl before the S3 listing), what may have moved meanwhile is read again
+after, and the normal gaps of a running engine (lines written but not yet recorded in the open
+batch, closed batches not yet uploaded, an upload not yet recorded, progress.json a moment old)
+are counted as in flight, not reported as problems. The same gaps in a run whose engine is
+gone are problems, named as what they are.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import tomllib
 from collections.abc import Iterable
@@ -39,6 +48,50 @@ MiB = 1 << 20
 PART_SIZE_GUESSES = tuple(n * MiB for n in (8, 5, 16, 15, 32, 64, 100, 128, 256, 512, 1024))
 MAX_NAMED = 50  # problems named per check; the rest are counted
 LIVE = ("starting", "running", "paused", "draining")
+
+
+def engine_alive(progress: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the run's engine is running now (progress.json says it runs, and its pid is a
+    live process), and a sentence saying so."""
+    status = progress.get("status")
+    if status not in LIVE:
+        return False, ""
+    pid = progress.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False, f"progress.json says {status} but names no engine pid"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False, (f"progress.json says {status}, but its engine (pid {pid}) is gone: it "
+                       "was stopped without a clean exit; resume the run")
+    except PermissionError:
+        pass  # alive, another user's
+    return True, f"the run is {status} (engine pid {pid})"
+
+
+def split_runs(runs: list[tuple[int, int]], within: list[tuple[int, int]]
+               ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Runs of indices cut into the parts inside `within` (sorted runs) and those outside."""
+    inside: list[tuple[int, int]] = []
+    outside: list[tuple[int, int]] = []
+    for a, b in runs:
+        pos = a
+        for x, y in within:
+            if y < pos or x > b:
+                continue
+            if x > pos:
+                outside.append((pos, x - 1))
+            inside.append((max(pos, x), min(b, y)))
+            pos = min(b, y) + 1
+            if pos > b:
+                break
+        if pos <= b:
+            outside.append((pos, b))
+    return inside, outside
+
+
+def _count(runs: list[tuple[int, int]]) -> int:
+    return sum(b - a + 1 for a, b in runs)
 
 
 class VerifyError(ValueError):
@@ -114,6 +167,17 @@ class Verifier:
         self.scans: dict[str, BatchScan] = {}
         self.open_scan: BatchScan | None = None
         self.done_records = 0
+        self.live = False
+        self.live_note = ""
+        # Read again after the batches and the listing (live runs only): what was committed
+        # while verify read.
+        self.done_after: KeySet | None = None
+        self.records_after: dict[str, UploadRecord] = {}
+        # In flight (live runs): lines written but not recorded, batches awaiting upload,
+        # objects put but not yet recorded.
+        self.lines_in_flight = 0
+        self.uploads_pending: list[str] = []
+        self.objects_in_flight: list[str] = []
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -123,9 +187,11 @@ class Verifier:
         except (OSError, ValueError):
             self.progress = {}
 
-    def read_done(self, check: Check) -> None:
+    def read_done(self, check: Check, into: KeySet | None = None) -> None:
         """Read before the batches: the engine writes a line before its index, so a live run
-        never shows an index without its line for that reason."""
+        never shows an index without its line for that reason. `into` another set: the
+        second read of a live run (problems were named by the first)."""
+        keys = self.done if into is None else into
         dups: list[int] = []
         try:
             data = (self.comp / ".done_indices").read_bytes()
@@ -139,9 +205,12 @@ class Verifier:
                 if key is None:
                     continue
                 index = key[0]
-                new = self.done.add(*key)
+                new = keys.add(*key)
             except ValueError:
-                check.fail(f".done_indices:{lineno}: not an index: {raw[:80]!r}")
+                if into is None:
+                    check.fail(f".done_indices:{lineno}: not an index: {raw[:80]!r}")
+                continue
+            if into is not None:
                 continue
             self.done_records += 1
             if not new:
@@ -150,21 +219,33 @@ class Verifier:
             check.fail(f".done_indices records these indices twice: "
                        f"{ranges_text(_runs(dups))}")
 
-    def read_uploads(self, check: Check) -> None:
+    def read_uploads(self, check: Check, into: dict[str, UploadRecord] | None = None) -> None:
+        records = self.records if into is None else into
         path = self.run_dir / "uploads.jsonl"
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return
+        if self.live and data and not data.endswith(b"\n"):
+            data = data[: data.rfind(b"\n") + 1]  # a record being written
         for lineno, raw in enumerate(data.splitlines(), 1):
             if not raw.strip():
                 continue
             try:
                 rec = upload_decoder.decode(raw)
             except msgspec.DecodeError as exc:
-                check.fail(f"uploads.jsonl:{lineno}: unreadable record: {exc}")
+                if into is None:
+                    check.fail(f"uploads.jsonl:{lineno}: unreadable record: {exc}")
                 continue
-            self.records[rec.batch] = rec
+            records[rec.batch] = rec
+
+    def read_again(self) -> None:
+        """A live run: .done_indices and uploads.jsonl once more, after the batches and the
+        listing, for what was committed while verify read them."""
+        if self.lines.minus(self.done):
+            self.done_after = KeySet()
+            self.read_done(Check("again"), self.done_after)
+        self.read_uploads(Check("again"), self.records_after)
 
     def list_s3(self) -> None:
         """Objects under the prefix, records outside it by HEAD, and the part size of each
@@ -191,12 +272,21 @@ class Verifier:
 
     def scan(self, check: Check) -> None:
         for path in batch_files(self.comp):
-            if not path.is_file():
-                continue
             is_open = path.name.endswith(PARTIAL)
-            sizes = self.part_sizes.get(path.name, [])
             try:
-                scan = scan_batch(path, self.lines, sizes, open_batch=is_open)
+                scan = scan_batch(path, self.lines, self.part_sizes.get(path.name, []),
+                                  open_batch=is_open)
+            except FileNotFoundError:
+                if not is_open:
+                    check.fail(f"{path.name}: vanished while verify ran")
+                    continue
+                # The engine closed it (renamed it) between the listing and the open.
+                path, is_open = path.with_name(path.name[: -len(PARTIAL)]), False
+                try:
+                    scan = scan_batch(path, self.lines, self.part_sizes.get(path.name, []))
+                except OSError as exc:
+                    check.fail(f"{path.name}: cannot read: {exc}")
+                    continue
             except OSError as exc:
                 check.fail(f"{path.name}: cannot read: {exc}")
                 continue
@@ -219,10 +309,13 @@ class Verifier:
 
     def compare_uploads(self, recorded: Check, local: Check) -> None:
         for name, scan in self.scans.items():
-            rec = self.records.get(name)
+            rec = self.records.get(name) or self.records_after.get(name)
             if rec is None:
-                recorded.fail(f"{self.where(name)}: closed but not in uploads.jsonl (an upload "
-                              "pending; the engine uploads it when it runs again)")
+                if self.live:
+                    self.uploads_pending.append(name)  # the engine uploads it next
+                else:
+                    recorded.fail(f"{self.where(name)}: closed but not in uploads.jsonl (an "
+                                  "upload pending; the engine uploads it when it runs again)")
                 continue
             if scan.size != rec.size or scan.sha256 != rec.sha256:
                 local.fail(f"{self.where(name)}: the local file ({scan.size} bytes, sha256 "
@@ -234,6 +327,10 @@ class Verifier:
         for name in sorted(set(self.records) - set(self.scans)):
             recorded.fail(f"uploads.jsonl records {name} but RUN_DIR has no such closed batch")
         recorded.summary = f"{len(self.scans)} closed batches, each in uploads.jsonl"
+        if self.uploads_pending:
+            recorded.summary = (f"{len(self.scans) - len(self.uploads_pending)} closed batches "
+                                f"in uploads.jsonl, {len(self.uploads_pending)} being "
+                                "uploaded")
         local.summary = f"{len(self.scans)} closed batches hash as recorded"
 
     def compare_s3(self, objects: Check, listing: Check) -> None:
@@ -251,10 +348,17 @@ class Verifier:
             elif obj.size != rec.size or obj.etag != rec.etag:
                 objects.fail(f"{self.where(name)}: {url} has size {obj.size} and ETag "
                              f"{obj.etag}; uploads.jsonl says size {rec.size}, ETag {rec.etag}")
+        later = {rec.key for rec in self.records_after.values()}
+        pending = {f"{self.spec.prefix}{name}" for name in self.uploads_pending}
         for key in sorted(set(self.objects) - expected):
+            if self.live and (key in later or key in pending):
+                self.objects_in_flight.append(key)  # put, its record being written
+                continue
             listing.fail(f"s3://{self.spec.bucket}/{key}: under the prefix but not in "
                          "uploads.jsonl")
-        if len(self.scans) != len(self.objects):
+        if self.live:
+            pass  # batches close and go up while verify reads: each is judged above
+        elif len(self.scans) != len(self.objects):
             listing.fail(f"{len(self.scans)} closed batch files but {len(self.objects)} "
                          f"objects under s3://{self.spec.bucket}/{self.spec.prefix}")
         objects.summary = f"{len(self.records)} objects with the recorded size and ETag"
@@ -273,12 +377,30 @@ class Verifier:
             tag = f" (attempt {attempt})" if attempt > 1 else ""
             done_vs_lines.fail(f".done_indices records indices {ranges_text(runs)}{tag} that "
                                "have no batch line")
-        for attempt, runs in self.lines.minus(self.done).items():
+        recorded = self.done_after or self.done
+        open_runs = self.open_scan.runs if self.open_scan else []
+        open_name = self.open_scan.name if self.open_scan else ""
+        new_in_flight = 0
+        for attempt, runs in self.lines.minus(recorded).items():
             tag = f" (attempt {attempt})" if attempt > 1 else ""
-            done_vs_lines.fail(f"batch lines for indices {ranges_text(runs)}{tag} in "
-                               f"{', '.join(self.holding(runs)) or '?'} are not recorded in "
-                               ".done_indices")
+            tail, closed = split_runs(runs, open_runs)
+            if tail and self.live:
+                # Written, its record next: the gap of a group commit, not a problem.
+                self.lines_in_flight += _count(tail)
+                new_in_flight += _count(tail) if attempt == 1 else 0
+            elif tail:
+                done_vs_lines.fail(f"batch lines for indices {ranges_text(tail)}{tag} in the "
+                                   f"open batch {open_name} are not recorded in .done_indices "
+                                   "(the engine stopped between writing them and recording "
+                                   "them; a resume records them)")
+            if closed:
+                done_vs_lines.fail(f"batch lines for indices {ranges_text(closed)}{tag} in "
+                                   f"{', '.join(self.holding(closed)) or '?'} are not "
+                                   "recorded in .done_indices")
         done_vs_lines.summary = f"{self.done_records} records = the batch lines, one for one"
+        if self.lines_in_flight:
+            done_vs_lines.summary = (f"{self.done_records} records = the committed batch "
+                                     f"lines; {self.lines_in_flight} written, not yet recorded")
         total = self.prompts_lines()
         if total is not None:
             for what, keys in ((".done_indices", self.done), ("batch lines", self.lines)):
@@ -289,6 +411,19 @@ class Verifier:
         in_range.summary = f"every index within the prompts file ({total} lines)"
         done, current = self.done.distinct_indices(), self.lines.distinct_indices()
         completed = self.progress.get("completed")
+        if self.live:
+            # progress.json was read first and .done_indices grows after it: completed may
+            # lag what is recorded, never lead it.
+            committed = current - new_in_flight
+            recorded_now = recorded.distinct_indices()
+            counts.summary = (f"live: {committed} current lines committed, {recorded_now} "
+                              f"recorded, progress.json said {completed} a moment earlier")
+            if not isinstance(completed, int):
+                counts.fail("progress.json has no `completed` (missing or unreadable)")
+            elif completed > recorded_now:
+                counts.fail(f"progress.json says completed {completed}, more than the "
+                            f"{recorded_now} indices recorded in .done_indices")
+            return
         counts.summary = f"{done} done = {completed} completed = {current} current lines"
         if done != current:
             counts.fail(f"{done} distinct indices in .done_indices but {current} current lines")
@@ -314,6 +449,7 @@ class Verifier:
                 ok=True, checks=[VerifyCheck("kind", True, "a training run: no batches or "
                                              "uploads to verify; pull its checkpoints")],
                 problems=[], counted=self.counted(), run_status=self.progress.get("status"))
+        self.live, self.live_note = engine_alive(self.progress)
         lines_check = Check("batch_lines", "every batch line readable, none twice")
         done_vs_lines = Check("done_indices_match_lines")
         self.read_done(done_vs_lines)
@@ -322,6 +458,8 @@ class Verifier:
         if self.spec is not None:
             self.list_s3()
         self.scan(lines_check)
+        if self.live:
+            self.read_again()
         local = Check("local_batches_match_records")
         self.compare_uploads(recorded, local)
         checks = [recorded, local]
@@ -339,16 +477,27 @@ class Verifier:
         self.compare_counts(done_vs_lines, in_range, counts)
         checks += [lines_check, done_vs_lines, in_range, counts]
         status = self.progress.get("status")
-        note = (f" (the run is {status}: counts move while it runs; verify again once it is "
-                "done or stopped)") if status in LIVE else ""
-        moving = {"counts", "done_indices_match_lines", "uploads_recorded"}
-        results = [c.result(note if c.name in moving else "") for c in checks]
+        if self.live:
+            checks.insert(0, Check("live", f"{self.live_note}: judged on what is committed; "
+                                   f"in flight: {self.in_flight_text()}; verify again once it "
+                                   "is done or stopped"))
+        elif self.live_note:
+            checks.insert(0, Check("live", self.live_note))
+        results = [c.result() for c in checks]
         problems = [p for c in checks for p in c.problems]
         return VerifyReport(
             ok=all(r.ok for r in results), checks=results, problems=problems,
             counted=self.counted(), run_status=status,
             s3_url=f"s3://{self.spec.bucket}/{self.spec.prefix}" if self.spec else None,
             elapsed_s=round(time.monotonic() - started, 3))
+
+    def in_flight_text(self) -> str:
+        parts = [f"{self.lines_in_flight} lines written, not yet recorded"]
+        if self.spec is not None:
+            parts.append(f"{len(self.uploads_pending)} closed batches being uploaded")
+        if self.objects_in_flight:
+            parts.append(f"{len(self.objects_in_flight)} uploads being recorded")
+        return ", ".join(parts)
 
     def counted(self) -> VerifyCounts:
         known = self.spec is not None and self.s3_error is None
