@@ -331,7 +331,7 @@ class LogReader:
 
 
 class LogTail:
-    """Follows a growing log file from where it last read (64 KiB back at first), feeding a
+    """Follows a growing log file from where it last read (1 MiB back at first), feeding a
     LogReader; a file that shrank was replaced, and is read again from its start."""
 
     def __init__(self, path: Path, reader: LogReader | None = None,
