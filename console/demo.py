@@ -4,7 +4,9 @@ In a temporary folder: 7 simulated SGLang servers (MTP-like accept lengths; GPU 
 partway so the restart story shows), a synthetic prompt set, S3 on a local SeaweedFS (uploads
 off, with a note, where `weed` is missing), a real supervisor and engine; then the TUI on it
 through the local transport, or JSON status lines with --headless. Everything it started is
-stopped on exit, Ctrl-C included.
+stopped on exit, Ctrl-C included, and a signal during that shutdown (the terminal closed a
+second after `q`) hurries it rather than cutting it short; the S3 server also dies with the
+demo's process whatever happens to it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -139,6 +141,39 @@ class Demo:
         return Fleet(nodes=[node], console=ConsoleSettings(), source="(demo)")
 
     def stop(self) -> None:
+        """Stop everything the demo started; safe to call again. A signal meanwhile (the
+        terminal closed a second after `q`, a second Ctrl-C) cuts the waiting short, never
+        the cleanup: whatever still lives is killed, S3 included, and the folder removed."""
+        self._final = False
+
+        def hurry(signum: int, frame: object) -> None:
+            if not self._final:
+                raise _Hurry(f"signal {signum}")
+
+        for sig in SIGNALS:
+            signal.signal(sig, hurry)
+        # Textual's driver leaves its SIGCONT/SIGTSTP handlers behind after the app ends; a
+        # hangup comes with a SIGCONT, and that handler then raises (no event loop) in the
+        # middle of this cleanup. Nothing is left to resume or suspend: the defaults.
+        for sig in (signal.SIGCONT, signal.SIGTSTP):
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            try:
+                print("fleetdeck demo: stopping everything it started", file=sys.stderr)
+            except OSError:
+                pass  # the terminal is gone (SIGHUP): clean up all the same
+            self._stop_gently()
+        except _Hurry:
+            pass  # a signal: kill what is left now
+        while True:
+            try:
+                self._final = True  # from here on signals change nothing
+                self._kill_the_rest()
+                return
+            except _Hurry:
+                continue  # landed before the line above took effect: once more
+
+    def _pids(self) -> list[int]:
         pids: list[int] = []
         try:
             pids.append(int((self.run_dir / "supervisor.pid").read_text()))
@@ -149,14 +184,22 @@ class Demo:
                      if s.get("pid")]
         except (OSError, ValueError):
             pass
+        return pids
+
+    def _stop_gently(self) -> None:
+        """`down` through the supervisor, then up to 20 s for its processes to end."""
+        self._started_pids = set(self._pids()) | getattr(self, "_started_pids", set())
         try:
             asyncio.run(call(self.run_dir, "down", {"who": "demo"}))
         except (RunCtlError, OSError, ConnectionError):
             pass
         deadline = time.monotonic() + 20
-        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in self._started_pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        for pid in pids:
+
+    def _kill_the_rest(self) -> None:
+        """Quick and idempotent: SIGKILL whatever still lives, S3, the folder."""
+        for pid in set(self._pids()) | getattr(self, "_started_pids", set()):
             if alive(pid):
                 kill_group(pid, signal.SIGKILL)
         if self.s3 is not None:
@@ -180,6 +223,13 @@ def headless(fleet: Fleet, duration: float) -> None:
             await link.close()
 
     asyncio.run(loop())
+
+
+SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+
+class _Hurry(KeyboardInterrupt):
+    """A signal while the demo shuts down: stop waiting, kill what is left."""
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -209,8 +259,9 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"fleetdeck demo: {exc}", file=sys.stderr)
         return 1
     finally:
-        try:
-            print("fleetdeck demo: stopping everything it started", file=sys.stderr)
-        except OSError:
-            pass  # the terminal is gone (SIGHUP): clean up all the same
-        demo.stop()
+        while True:
+            try:
+                demo.stop()
+                break
+            except KeyboardInterrupt:
+                continue  # a signal landed before stop() took them over: stop again

@@ -1,14 +1,40 @@
-"""Local helper processes (test servers, the demo): free loopback ports, readiness by polling,
-and a SIGKILL by pid (never by name)."""
+"""Local helper processes (test servers, the demo, pull's sftp copiers): free loopback ports,
+readiness by polling, a SIGKILL by pid (never by name), and children that die with the
+process that started them."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A `preexec_fn` for a child that must not outlive us (an sftp copier, a local S3
+    server): Linux sends it `sig` when the thread that started it dies, kill -9 included
+    (PR_SET_PDEATHSIG). Start such children from the main thread (the event loop's): the
+    signal follows the starting thread. If we died between fork and here, the child ends at
+    once. None where there is no prctl (macOS): the caller's own cleanup is all there is."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing to look up after fork
+    prctl = libc.prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            os._exit(126)
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def free_ports(n: int) -> list[int]:

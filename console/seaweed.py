@@ -16,7 +16,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from console.localproc import free_ports, kill_pid, wait_until
+from console.localproc import die_with_parent, free_ports, kill_pid, wait_until
 
 PORT_FLAGS = (
     "master.port",
@@ -100,7 +100,10 @@ class S3Server:
         (self.folder / "data").mkdir(parents=True, exist_ok=True)
         log = open(self.folder / "weed.out", "ab")  # noqa: SIM115 - owned by the process
         self.proc = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            # Dies with whoever started it (the demo, a test), kill -9 included: a local S3
+            # server is never left running for good.
+            preexec_fn=die_with_parent(),
         )
         log.close()
         try:

@@ -22,6 +22,7 @@ from console.artifacts.pullset import (
     confined,
     dest_for,
     fetch_manifest,
+    pull_lock,
     pull_set,
     safe_rel,
     save_manifest,
@@ -81,12 +82,13 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
     """Pull the node's pull set; `data_path` picks one (console/artifacts/sources.py)."""
     snap, entries, chosen = await _context(link, node, everything)
     dest = dest_for(pull_dir, node, snap.get("run"))
-    save_manifest(dest, entries)
-    source = await open_source(node, link.conn, data_path)
-    try:
-        report = await puller_for(source, dest, on_progress).run(chosen)
-    finally:
-        await source.close()
+    with pull_lock(dest):  # refused while another pull writes here
+        save_manifest(dest, entries)
+        source = await open_source(node, link.conn, data_path)
+        try:
+            report = await puller_for(source, dest, on_progress).run(chosen)
+        finally:
+            await source.close()
     report.refused = [e.path for e in entries if e.refused is not None]
     return report
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from console.fleet import Node
+from console.localproc import die_with_parent
 from console.transport import known_hosts_path
 
 # Parallel sftp processes, each an SSH connection: over a long RTT one connection is held back
@@ -184,8 +185,11 @@ class SftpFetcher:
                     *sftp_command(self.sftp, self.node, Path(name)), cwd=cwd,
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT, limit=OUTPUT_LIMIT,
-                    # Its own process group, so a cancel kills ssh beneath it too.
-                    start_new_session=True)
+                    # Its own process group, so a cancel kills ssh beneath it too; and it
+                    # dies with us (kill -9 of the pull included): no copier writes on into
+                    # a part that a new pull is resuming. Its ssh, left without sftp, exits on
+                    # the closed pipe.
+                    start_new_session=True, preexec_fn=die_with_parent())
             except OSError as exc:
                 return self._stopped(jobs, current, 127, [f"cannot run {self.sftp}: {exc}"],
                                      on_done)

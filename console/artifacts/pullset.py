@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import os
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -141,6 +144,35 @@ def on_the_wire(e: ManifestEntry) -> ManifestEntry:
         return e
     return msgspec.structs.replace(e, path=os.fsencode(e.path).decode("utf-8",
                                                                       "backslashreplace"))
+
+
+LOCK_NAME = "pull.lock"
+
+
+@contextmanager
+def pull_lock(dest: Path) -> Iterator[None]:
+    """One pull at a time per destination: an exclusive lock on DEST/.fleetdeck/pull.lock,
+    held for the whole pull. The kernel drops it when the holder dies (kill -9 included), so
+    a lock never outlives its pull; a second pull while one lives is refused (PullError)
+    naming the live one, instead of writing the same parts beside it."""
+    state = confined(dest, STATE_DIR)
+    state.mkdir(parents=True, exist_ok=True)
+    path = confined(dest, f"{STATE_DIR}/{LOCK_NAME}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise PullError(f"another pull is writing {shown(str(dest))} ({shown(holder)}): "
+                            "two pulls must not share a destination; wait for it to end or "
+                            "stop it, then pull again (it resumes)") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                  .encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def save_manifest(dest: Path, entries: list[ManifestEntry]) -> None:

@@ -10,85 +10,27 @@ lost."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.console.data import generate_snapshot
 from tests.hostile.conftest import Outcome, assert_only_changed, assert_refused, run_cli, tree
+from tests.pull.fakenode import FakeNode, entry, page, snapshot
 from tests.servers.sshd import SshServer
 
-# The fake agent: `python FAKE SCENARIO serve RUN_DIR --stdio`. It answers each request from
-# the scenario's `answers` (a result) or `errors` (a JSON-RPC error); `raw` lines are written
-# as they are (not JSON, say). Anything else is "method not found".
-FAKE_AGENT = r'''
-import json, sys
-scenario = json.load(open(sys.argv[1]))
-out = sys.stdout.buffer
-for line in sys.stdin.buffer:
-    req = json.loads(line)
-    rid, method = req.get("id"), req.get("method")
-    if rid is None:
-        continue
-    if method in scenario.get("raw", {}):
-        out.write(scenario["raw"][method].encode("utf-8", "surrogateescape") + b"\n")
-    elif method in scenario.get("errors", {}):
-        out.write(json.dumps({"jsonrpc": "2.0", "id": rid,
-                              "error": scenario["errors"][method]}).encode() + b"\n")
-    elif method in scenario.get("answers", {}):
-        out.write(json.dumps({"jsonrpc": "2.0", "id": rid,
-                              "result": scenario["answers"][method]}).encode() + b"\n")
-    else:
-        out.write(json.dumps({"jsonrpc": "2.0", "id": rid, "error": {
-            "code": -32601, "message": "unknown method " + repr(method)}}).encode() + b"\n")
-    out.flush()
-'''
 
-HELLO = {"protocol": 1, "agent_version": "0.1.0", "host": "node", "run_dir": "/x",
-         "supervised": False}
+class HostileNode(FakeNode):
+    """The fake node, plus a fake HOME (the operator's) that must stay as it is."""
 
-
-def entry(path: str, data: bytes, **kw: Any) -> dict[str, Any]:
-    e = {"path": path, "kind": "other", "size": len(data), "mtime": 0.0, "mtime_ns": 0,
-         "sha256": hashlib.sha256(data).hexdigest(), "sha256_from": "read", "in_s3": False,
-         "refused": None}
-    e.update(kw)
-    return e
-
-
-def page(*entries: dict[str, Any]) -> dict[str, Any]:
-    return {"entries": list(entries), "total": len(entries), "next_offset": None}
-
-
-@dataclass
-class HostileNode:
-    """A fleet file whose node `gen-1` is the fake agent over the real sshd, a RUN_DIR the
-    node's files live in, and a fake HOME (the operator's) that must stay as it is."""
-
-    fleet: Path
-    run_dir: Path
-    pulls: Path
-    home: Path  # HOME for the console: the operator's own files
-    watched: Path  # everything the console must not write to (HOME's parent folder)
-    scenario: Path
-
-    def answer(self, answers: dict[str, Any] | None = None, **extra: Any) -> None:
-        body = {"answers": {"hello": HELLO, **(answers or {})}, **extra}
-        self.scenario.write_text(json.dumps(body))
-
-    def put(self, rel: str, data: bytes) -> bytes:
-        path = self.run_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return data
+    def __init__(self, sshd: SshServer, folder: Path, home: Path, watched: Path) -> None:
+        super().__init__(sshd, folder, folder / "pulls")
+        self.home = home  # HOME for the console: the operator's own files
+        self.watched = watched  # everything the console must not write to
 
     def fleetdeck(self, *args: str) -> Outcome:
         return run_cli("fleetdeck", "--fleet", self.fleet, *args,
@@ -102,27 +44,7 @@ def node(sshd: SshServer, tmp_path: Path, home: Path) -> HostileNode:
     op = home / "op"
     (op / ".ssh").mkdir(parents=True)
     (op / ".bashrc").write_text("# the operator's own\n")
-    run_dir = tmp_path / "node-run"
-    run_dir.mkdir()
-    script = tmp_path / "fake_agent.py"
-    script.write_text(FAKE_AGENT)
-    scenario = tmp_path / "scenario.json"
-    fleet = tmp_path / "fleet.toml"
-    pulls = tmp_path / "pulls"
-    fleet.write_text("\n".join([
-        "[console]", f'pull_dir = "{pulls}"', "", "[[nodes]]", 'name = "gen-1"',
-        'host = "127.0.0.1"', f"port = {sshd.port}", f'user = "{sshd.user}"',
-        f'identity_file = "{sshd.client_key}"', f'known_hosts = "{sshd.known_hosts}"',
-        f'run_dir = "{run_dir}"', f'agent = "{sys.executable} {script} {scenario}"',
-        "connect_timeout_s = 5", ""]))
-    n = HostileNode(fleet, run_dir, pulls, op, home, scenario)
-    n.answer()
-    return n
-
-
-def snapshot(**kw: Any) -> dict[str, Any]:
-    return generate_snapshot(**{"status": "done", "source": "disk", "servers": [],
-                                "alerts": [], **kw})
+    return HostileNode(sshd, tmp_path, op, home)
 
 
 def no_escape(out: Outcome) -> None:
@@ -211,6 +133,21 @@ def test_a_manifest_pointing_outside_is_refused_file_by_file(node: HostileNode,
     assert json.loads((dest / ".fleetdeck" / "manifest.json").read_text())[0]["path"] \
         == "progress.json"  # the console's own record was not overwritten
     assert (node.home / ".bashrc").read_text() == "# the operator's own\n"
+
+
+def test_a_file_and_a_folder_of_one_name_fail_that_file_only(node: HostileNode) -> None:
+    """The manifest lists `a` as a file and as a folder (`a/b`): one of them cannot be made
+    here; that one is reported, the rest comes, nothing crashes."""
+    a = node.put("a", b"a file\n")
+    good = node.put("progress.json", b"{}\n")
+    node.answer({"status": snapshot(run="fine"),
+                 "manifest": page(entry("a", a), entry("a/b", b"b\n"),
+                                  entry("progress.json", good))})
+    before = tree(node.watched)
+    out = node.fleetdeck("pull", "gen-1")
+    assert_refused(out, 1, ["gen-1: a"])
+    assert_only_changed(before, tree(node.watched), allowed=["pulls/gen-1/fine/"])
+    assert (node.pulls / "gen-1" / "fine" / "progress.json").read_bytes() == good
 
 
 def test_a_symlink_planted_in_the_pull_dir_is_not_followed(node: HostileNode) -> None:

@@ -1,0 +1,98 @@
+"""A node whose agent says what the test wants: a fake `fleetdeck-agent` (the fleet file's
+`agent` command, run by the real sshd) answering JSON-RPC from a scenario file, beside a real
+RUN_DIR that the pull's data path (OpenSSH's sftp or asyncssh) really reads.
+
+For the console's side of things: what it does with a hostile snapshot or manifest, or with a
+pull killed halfway, without running an engine to make a run directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.servers.sshd import SshServer
+
+# `python FAKE SCENARIO serve RUN_DIR --stdio`: each request is answered from the scenario's
+# `answers` (a result) or `errors` (a JSON-RPC error); `raw` lines are written as they are.
+# Anything else is "method not found".
+FAKE_AGENT = r'''
+import json, sys
+scenario = json.load(open(sys.argv[1]))
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    req = json.loads(line)
+    rid, method = req.get("id"), req.get("method")
+    if rid is None:
+        continue
+    if method in scenario.get("raw", {}):
+        out.write(scenario["raw"][method].encode("utf-8", "surrogateescape") + b"\n")
+    elif method in scenario.get("errors", {}):
+        out.write(json.dumps({"jsonrpc": "2.0", "id": rid,
+                              "error": scenario["errors"][method]}).encode() + b"\n")
+    elif method in scenario.get("answers", {}):
+        out.write(json.dumps({"jsonrpc": "2.0", "id": rid,
+                              "result": scenario["answers"][method]}).encode() + b"\n")
+    else:
+        out.write(json.dumps({"jsonrpc": "2.0", "id": rid, "error": {
+            "code": -32601, "message": "unknown method " + repr(method)}}).encode() + b"\n")
+    out.flush()
+'''
+
+HELLO = {"protocol": 1, "agent_version": "0.1.0", "host": "node", "run_dir": "/x",
+         "supervised": False}
+
+
+def entry(path: str, data: bytes = b"", **kw: Any) -> dict[str, Any]:
+    """A manifest entry for `data`; any field may be given instead (size, sha256, refused)."""
+    e: dict[str, Any] = {
+        "path": path, "kind": "other", "size": len(data), "mtime": 0.0, "mtime_ns": 0,
+        "sha256": hashlib.sha256(data).hexdigest(), "sha256_from": "read", "in_s3": False,
+        "refused": None}
+    e.update(kw)
+    return e
+
+
+def page(*entries: dict[str, Any]) -> dict[str, Any]:
+    return {"entries": list(entries), "total": len(entries), "next_offset": None}
+
+
+def snapshot(**kw: Any) -> dict[str, Any]:
+    """A finished generation run's snapshot, as the console's tests write them."""
+    from tests.console.data import generate_snapshot
+
+    return generate_snapshot(**{"status": "done", "source": "disk", "servers": [],
+                                "alerts": [], **kw})
+
+
+class FakeNode:
+    """Node `gen-1` of a fleet file: the fake agent over the real sshd, and its RUN_DIR."""
+
+    def __init__(self, sshd: SshServer, folder: Path, pulls: Path) -> None:
+        self.run_dir = folder / "node-run"
+        self.run_dir.mkdir(parents=True)
+        self.scenario = folder / "scenario.json"
+        self.pulls = pulls
+        script = folder / "fake_agent.py"
+        script.write_text(FAKE_AGENT)
+        self.fleet = folder / "fleet.toml"
+        self.fleet.write_text("\n".join([
+            "[console]", f'pull_dir = "{pulls}"', "", "[[nodes]]", 'name = "gen-1"',
+            'host = "127.0.0.1"', f"port = {sshd.port}", f'user = "{sshd.user}"',
+            f'identity_file = "{sshd.client_key}"', f'known_hosts = "{sshd.known_hosts}"',
+            f'run_dir = "{self.run_dir}"',
+            f'agent = "{sys.executable} {script} {self.scenario}"',
+            "connect_timeout_s = 5", ""]))
+        self.answer()
+
+    def answer(self, answers: dict[str, Any] | None = None, **extra: Any) -> None:
+        body = {"answers": {"hello": HELLO, **(answers or {})}, **extra}
+        self.scenario.write_text(json.dumps(body))
+
+    def put(self, rel: str, data: bytes) -> bytes:
+        path = self.run_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        return data

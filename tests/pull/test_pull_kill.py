@@ -1,0 +1,117 @@
+"""A killed pull leaves nothing running, and two pulls never share a destination (issue 11,
+item 13), over the real sshd with OpenSSH's sftp.
+
+Before: after `kill -9` of `fleetdeck pull`, its sftp and ssh children (a session of their
+own, nothing tying them to the pull) kept writing the `.fdpart`, and a re-pull ran beside
+them. Now the copiers die with the pull (PR_SET_PDEATHSIG), and a pull holds a lock on its
+destination that a second one is refused by while the first lives."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.pull.fakenode import FakeNode, entry, page, snapshot
+from tests.servers.sshd import SshServer
+
+ROOT = Path(__file__).resolve().parents[2]
+SIZE = 256 * 2**20
+
+
+def processes() -> dict[int, tuple[str, int, int]]:
+    """Live processes (zombies left out): pid -> (comm, ppid, process group)."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            state, ppid, pgrp = stat[stat.rfind(")") + 2:].split()[:3]
+            if state != "Z":
+                found[int(name)] = (stat[stat.index("(") + 1:stat.rfind(")")], int(ppid),
+                                    int(pgrp))
+    return found
+
+
+def wait_for(cond, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def pull(node: FakeNode) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "console.cli", "--fleet", str(node.fleet),
+                             "pull", "gen-1"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env={**os.environ, "FLEETDECK_PULL_DATA_PATH": "openssh"})
+
+
+def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshServer,
+                                                                    tmp_path: Path) -> None:
+    if shutil.which("sftp") is None:
+        pytest.skip("OpenSSH's sftp client is not installed")
+    node = FakeNode(sshd, tmp_path, tmp_path / "pulls")
+    with open(node.run_dir / "big.bin", "wb") as f:
+        f.truncate(SIZE)  # zeros, sparse on the node
+    sha = hashlib.sha256(bytes(SIZE)).hexdigest()
+    node.answer({"status": snapshot(run="r"),
+                 "manifest": page(entry("big.bin", size=SIZE, sha256=sha))})
+    part = node.pulls / "gen-1" / "r" / "big.bin.fdpart"
+
+    first = pull(node)
+    try:
+        sftp = wait_for(lambda: [pid for pid, (comm, ppid, _) in processes().items()
+                                 if ppid == first.pid and comm == "sftp"], 60, "sftp")[0]
+        wait_for(lambda: part.exists() and part.stat().st_size > 0, 60, "bytes in the part")
+        # The copier paused: the part stays half-copied while we look (no race with the end).
+        os.kill(sftp, signal.SIGSTOP)
+        group = processes()[sftp][2]  # sftp's own process group, its ssh in it too
+        assert any(comm == "ssh" for comm, _, pgrp in processes().values() if pgrp == group)
+
+        # A second pull while the first lives: refused, naming the live one; nothing written.
+        held = part.stat().st_size
+        second = subprocess.run(pull(node).args, cwd=ROOT, capture_output=True, text=True,
+                                timeout=120,
+                                env={**os.environ, "FLEETDECK_PULL_DATA_PATH": "openssh"})
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert "another pull is writing" in second.stderr and f"pid {first.pid}" in \
+            second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+        assert part.stat().st_size == held
+
+        first.kill()  # kill -9 of the pull
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    try:
+        os.kill(sftp, signal.SIGCONT)  # an orphan would now write on
+    except ProcessLookupError:
+        pass
+    wait_for(lambda: not any(pgrp == group for _, _, pgrp in processes().values()), 20,
+             "the killed pull's sftp and ssh to be gone")
+    assert part.stat().st_size == held, "something wrote the part after the pull died"
+
+    # The next pull resumes from the part and finishes: the lock died with its holder.
+    third = subprocess.run(pull(node).args, cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "FLEETDECK_PULL_DATA_PATH": "openssh"})
+    assert third.returncode == 0, third.stderr
+    report = json.loads(third.stdout)
+    assert report["resumed"] == {"big.bin": held} and report["copied"] == 1
+    with open(node.pulls / "gen-1" / "r" / "big.bin", "rb") as f:
+        assert hashlib.file_digest(f, "sha256").hexdigest() == sha
