@@ -27,6 +27,9 @@ ACTIONS: tuple[Action, ...] = (
     Action("resize", "c", "Concurrency", "set requests in flight per server (all or one)"),
     Action("resize_up", "plus", "+ concurrency", "one more request in flight per server"),
     Action("resize_down", "minus", "- concurrency", "one fewer request in flight per server"),
+    Action("autotune", "a", "Auto-tune",
+           "let each server find its best concurrency from measured throughput (resize auto); "
+           "a manual resize takes a server back", rpc=False),
     Action("max_tokens", "m", "Max tokens", "max tokens for new requests"),
     Action("retry", "R", "Retry", "re-queue failed or truncated indices"),
     Action("restart_server", "x", "Restart server", "restart the selected server",

@@ -15,6 +15,7 @@
     run_dir = "/data/runs/qwen-traces"
     role = "generate"
     spec = "/data/runs/qwen-traces.toml"    # what `launch` starts
+    cost_per_gpu_hour = 2.49                # what the console shows, over the run's own
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Literal
 
 import msgspec
 
+from agents.rundir.schema import Cost, Progress, cost_of
 from agents.rundir.spec import name_problem
 
 DEFAULT_AGENT = "~/.fleetdeck/venv/bin/fleetdeck-agent"
@@ -51,6 +53,19 @@ class Node(msgspec.Struct, forbid_unknown_fields=True):
     local: bool = False
     connect_timeout_s: float = 10.0
     keepalive_s: float = 15.0
+    # Dollars per GPU-hour on this node, for the console's figures: over the run's
+    # [run] cost_per_gpu_hour (the node never reads the fleet file).
+    cost_per_gpu_hour: float | None = None
+
+    def run_cost(self, progress: Progress | None) -> Cost | None:
+        """What the node's run costs as the console shows it: at this node's price when the
+        fleet file sets one, else the run's own figures."""
+        if progress is None:
+            return None
+        if self.cost_per_gpu_hour is None:
+            return progress.cost
+        return cost_of(self.cost_per_gpu_hour, progress.gpus, progress.gpu_hours,
+                       progress.total_output_tokens, progress.eta_hours)
 
 
 class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True):
@@ -130,6 +145,9 @@ def load_fleet(path: str | Path | None = None) -> Fleet:
             raise FleetError(f"{where}: host is missing (or set local = true)")
         if not node.run_dir:
             raise FleetError(f"{where}: run_dir is empty")
+        if node.cost_per_gpu_hour is not None and node.cost_per_gpu_hour < 0:
+            raise FleetError(f"{where}: cost_per_gpu_hour must not be negative, got "
+                             f"{node.cost_per_gpu_hour}")
         if node.port is not None and not 1 <= node.port <= 65535:
             raise FleetError(f"{where}: port must be between 1 and 65535, got {node.port}")
         for key in ("connect_timeout_s", "keepalive_s"):

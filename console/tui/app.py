@@ -57,10 +57,12 @@ CLOSE_TIMEOUT_S = 10.0
 HISTORY_PAGE = 1000
 
 # The footer shows the everyday actions first; the palette lists them all.
-FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "max_tokens", "retry",
+FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autotune",
+                "max_tokens", "retry",
                 "logs", "samples", "next_node", "fleet", "resume", "stop", "restart_server",
                 "down", "launch", "pull", "decommission", "theme")
-FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "restart_server": "Restart"}
+FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto",
+                 "restart_server": "Restart"}
 
 
 def action_bindings() -> list[BindingType]:

@@ -171,6 +171,12 @@ class Controls:
         if isinstance(answer, ValueAnswer):
             await self._resize(node, answer.value, answer.server)
 
+    async def autotune(self, node: str) -> None:
+        """resize auto: every server's level from then on is the tuner's (the GPU table shows
+        each one's choice and measured curve)."""
+        await self.simple(node, "resize", "auto-tune on every server: each finds its knee",
+                          {"value": "auto"})
+
     async def resize_up(self, node: str) -> None:
         current = self.concurrency(node)
         if current is None:

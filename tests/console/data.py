@@ -25,11 +25,27 @@ def server(n: int, state: str = "healthy", **kw: Any) -> dict[str, Any]:
     return base
 
 
+def autotune(level: int, phase: str = "settled", best: float = 32.0) -> dict[str, Any]:
+    """The auto-tuner's state: levels tried from 4 up, tokens/s peaking near `best`."""
+    levels = [lv for lv in (4, 6, 9, 14, 21, 32, 48) if lv <= max(level, 6) * 1.5 + 1]
+    curve = [{"concurrency": lv, "tok_per_s": round(lv * 250 / (1 + lv / 16 + (lv / best) ** 2),
+                                                    1),
+              "latency_s": round(lv / 60, 2), "requests": 40, "at": NOW - 900 + 60 * i}
+             for i, lv in enumerate(levels)]
+    return {"level": level, "phase": phase, "cap": 48, "best": level, "curve": curve,
+            "next_probe_at": NOW + 1700 if phase == "settled" else None,
+            "note": f"{level} -> {levels[-1]}: +1.2% tok/s, latency +48%: back to {level}"}
+
+
 def progress(**kw: Any) -> dict[str, Any]:
     servers = {str(n): {"url": f"http://127.0.0.1:{30000 + n}", "state": "healthy",
                         "in_flight": 40, "limit": 40, "completed": 128_000, "failed": 30,
                         "req_per_s": 2.05, "tok_per_s": 2230.0, "accept_length": 3.0}
                for n in range(7)}
+    # Auto-tuned: GPUs 0-2 settled at their knees, GPU 4 still measuring; 5 and 6 by hand.
+    for n, tune in ((0, autotune(32)), (1, autotune(21, best=24.0)), (2, autotune(32)),
+                    (4, autotune(14, "measuring"))):
+        servers[str(n)].update(autotune=tune, in_flight=tune["level"], limit=tune["level"])
     base: dict[str, Any] = {
         "total": 913_786, "completed": 451_203, "failed": 1_093, "rate_per_sec": 14.37,
         "eta_hours": 8.94, "total_input_tokens": 115_402_118, "total_output_tokens": 812_030_331,
@@ -38,13 +54,17 @@ def progress(**kw: Any) -> dict[str, Any]:
         "max_tokens": 8192, "concurrency": 40, "in_flight": 280, "retried": 312,
         "s3_pending": 1, "control_rev": 7, "updated_at": NOW - 1, "servers": servers,
         "run": "qwen-traces", "batches_closed": 902,
+        "eta_p10_hours": 7.81, "eta_p90_hours": 10.62, "gpus": 7, "gpu_hours": 61.0,
+        "cost": {"per_gpu_hour": 2.49, "usd": 151.89, "per_mtok_usd": 0.187,
+                 "projected_usd": 307.72},
     }
     base.update(kw)
     return base
 
 
 def generate_snapshot(**kw: Any) -> dict[str, Any]:
-    servers = [server(n) for n in range(7)]
+    tuned = {0: 32, 1: 21, 2: 32, 4: 14}  # the levels progress() gives the auto-tuned ones
+    servers = [server(n, in_flight=tuned.get(n, 40), limit=tuned.get(n, 40)) for n in range(7)]
     servers[3] = server(3, "restarting", restarts=2, in_flight=0, tok_per_s=0.0, req_per_s=0.0,
                         queued_reqs=None, last_error="ReadTimeout: no answer within 600 s",
                         gpu_stats={"util_pct": 0.0, "mem_used_mib": 512.0,

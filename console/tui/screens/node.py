@@ -88,12 +88,15 @@ class GenerateScreen(NodeView):
         age = ns.age_s(ctx.now)
         stale = ns.link != "connected" or age is None or age > STALE_S
         self.query_one("#node-bar", Static).update(node_bar(ns, ctx))
-        self.query_one(RunPanel).show(snap, ctx.theme, age, ns.link, ns.error)
+        self.query_one(RunPanel).show(snap, ctx.theme, age, ns.link, ns.error,
+                                      ns.node.cost_per_gpu_hour,
+                                      ns.node.run_cost(snap.progress if snap else None))
         self.gpu_table.show(snap, ctx.theme, stale)
         fetched = ctx.fetched[self.node_name]
         self.query_one(HistoryGraphs).show(fetched.history)
         alerts = [("", a) for a in snap.alerts] if snap is not None else []
-        self.query_one(AlertList).show(alerts, ctx.now, ctx.theme)
+        self.query_one(AlertList).show(alerts, ctx.now, ctx.theme,
+                                       lambda action: key_for(self, action))
         self.query_one(TabbedContent).get_tab("tab-alerts").label = \
             f"Alerts ({len(alerts)})" if alerts else "Alerts"
         self._show_fetched(fetched)

@@ -1,6 +1,9 @@
-"""The alerts a node reports now, most severe first, each with how long it has held."""
+"""The alerts a node reports now, most severe first, each with how long it has held and the
+user's keys for the actions that deal with it (`u pull · k decommission`)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from rich.text import Text
 from textual.theme import Theme
@@ -11,8 +14,10 @@ from console.tui.widgets import figures as f
 from console.tui.widgets.tones import style
 
 
-def alert_lines(alerts: list[tuple[str, Alert]], now: float, theme: Theme) -> Text:
-    """(node, alert) pairs; the node name is left out where it is empty."""
+def alert_lines(alerts: list[tuple[str, Alert]], now: float, theme: Theme,
+                keys: Callable[[str], str] | None = None) -> Text:
+    """(node, alert) pairs; the node name is left out where it is empty. `keys`: the key an
+    action id is on now (the user's keymap applied)."""
     if not alerts:
         return Text("no alerts", style="dim")
     text = Text()
@@ -25,10 +30,17 @@ def alert_lines(alerts: list[tuple[str, Alert]], now: float, theme: Theme) -> Te
         if node:
             text.append(f"{node} ", style="bold")
         text.append(a.message)
+        if a.actions and keys is not None:
+            text.append("  ")
+            for j, action in enumerate(a.actions):
+                text.append(" · " if j else "")
+                text.append(keys(action) or "?", style="bold reverse")
+                text.append(f" {action}")
         text.append(f"  ({a.code}, for {f.age(max(0.0, now - a.since))})", style="dim")
     return text
 
 
 class AlertList(Static):
-    def show(self, alerts: list[tuple[str, Alert]], now: float, theme: Theme) -> None:
-        self.update(alert_lines(alerts, now, theme))
+    def show(self, alerts: list[tuple[str, Alert]], now: float, theme: Theme,
+             keys: Callable[[str], str] | None = None) -> None:
+        self.update(alert_lines(alerts, now, theme, keys))

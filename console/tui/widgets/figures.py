@@ -67,3 +67,48 @@ def rate(value: float | None, unit: str = "/s", digits: int = 1) -> str:
     if value is None:
         return DASH
     return f"{si(value, digits)}{unit}"
+
+
+def eta(h: float | None, p10: float | None, p90: float | None) -> str:
+    """An ETA with its p10-p90 band when known: `8.9 h (7.8 h–10.4 h)`; `?` for an open end
+    (the slow end is unknown while the recent rate includes a stop)."""
+    if h is None:
+        return DASH
+    text = hours(h)
+    if p10 is not None and h != 0:
+        text += f" ({hours(p10)}–{hours(p90) if p90 is not None else '?'})"
+    return text
+
+
+def usd(value: float | None) -> str:
+    """Money: `$12.34`, `$1,234`, `$12.3k` above ten thousand."""
+    if value is None:
+        return DASH
+    if abs(value) >= 10_000:
+        return f"${value / 1000:,.1f}k"
+    if abs(value) >= 1000:
+        return f"${value:,.0f}"
+    return f"${value:,.2f}"
+
+
+def eta_compact(h: float | None, p10: float | None, p90: float | None) -> str:
+    """An ETA and its band in one unit, for a table cell: `8.9 h 7.8–10`, `17 min 12–25`."""
+    if h is None or p10 is None or h == 0:
+        return hours(h)
+    if h < 1:
+        scale, unit = 60.0, "min"
+        central = f"{h * scale:.0f}"
+    elif h < 48:
+        scale, unit = 1.0, "h"
+        central = f"{h:.1f}"
+    else:
+        scale, unit = 1 / 24, "d"
+        central = f"{h * scale:.1f}"
+
+    def end(v: float | None) -> str:
+        if v is None:
+            return "?"
+        x = v * scale
+        return f"{x:.0f}" if x >= 10 or unit == "min" else f"{x:.1f}"
+
+    return f"{central} {unit} {end(p10)}–{end(p90)}"

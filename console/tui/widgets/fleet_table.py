@@ -1,5 +1,6 @@
-"""The fleet view's table: a row per node (role, run, status, progress, rate, ETA, failures,
-alerts, contact). Only cells that changed are redrawn, so a 32-node fleet stays cheap."""
+"""The fleet view's table: a row per node (role, run, status, progress, rate, ETA with its
+p10-p90 band, failures, alerts, contact). Only cells that changed are redrawn, so a 32-node
+fleet stays cheap."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from console.tui.widgets.tones import LINK_TONE, RUN_TONE, style, toned
 
 FLEET_COLUMNS = (("node", "Node", None), ("role", "Role", 8), ("run", "Run", 20),
                  ("status", "Status", 14), ("progress", "Progress", 21), ("rate", "Rate", 12),
-                 ("eta", "ETA", 7), ("failed", "Failed", 15), ("alerts", "Alerts", 6),
+                 ("eta", "ETA (p10–p90)", 14), ("failed", "Failed", 15), ("alerts", "Alerts", 6),
                  ("contact", "Contact", 24))
 STALE_S = 5.0  # older than this, a node's figures are drawn dim: they are not live
 
@@ -46,7 +47,7 @@ def fleet_row(ns: NodeState, now: float, theme: Theme) -> Row:
     if p is not None:
         progress = f"{f.pct(p.completed, p.total)} {f.si(p.completed)}/{f.si(p.total)}"
         rate = f.rate(p.rate_per_sec, "/s", 2 if p.rate_per_sec < 10 else 1)
-        eta = f.hours(p.eta_hours)
+        eta = f.eta_compact(p.eta_hours, p.eta_p10_hours, p.eta_p90_hours)
         failed = f"{f.num(p.failed)} ({f.pct(p.failed, p.completed + p.failed, 2)})" \
             if p.failed else "0"
     elif snap.train is not None:

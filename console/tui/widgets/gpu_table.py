@@ -1,19 +1,22 @@
-"""The generation node's per-GPU table: server state, restarts, in-flight / limit, queue,
-req/s, tok/s, accept length, failures, and the GPU's utilisation, memory, temperature and
-power (`–` where NVML is absent: unknown is never drawn as 0)."""
+"""The generation node's per-GPU table: server state, restarts, in-flight / limit, the
+auto-tuner's chosen level with its measured tokens/s-by-concurrency curve, queue, req/s,
+tok/s, accept length, failures, and the GPU's utilisation, memory, temperature and power
+(`–` where NVML is absent: unknown is never drawn as 0)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.theme import Theme
 
-from agents.rundir.schema import ServerStatus, Snapshot
+from agents.rundir.schema import AutoTune, ServerStatus, Snapshot
 from console.tui.widgets import figures as f
+from console.tui.widgets.graphs import knee_plot
 from console.tui.widgets.live_table import LiveTable, Row
 from console.tui.widgets.tones import SERVER_TONE, style
 
 GPU_COLUMNS = (("gpu", "GPU", None), ("state", "State", 22), ("restarts", "Restarts", 8),
-               ("in_flight", "In flight", 9), ("queue", "Queue", 5), ("req_s", "req/s", 6),
+               ("in_flight", "In flight", 9), ("auto", "Auto-tune", 13), ("queue", "Queue", 5),
+               ("req_s", "req/s", 6),
                ("tok_s", "tok/s", 6), ("accept", "Accept", 6), ("failed", "Failed", 7),
                ("util", "Util", 5), ("mem", "Memory", 14), ("temp", "Temp", 5),
                ("power", "Power", 6))
@@ -35,7 +38,21 @@ def accept_length(s: ServerStatus) -> float | None:
     return None
 
 
-def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool) -> Row:
+def auto_cell(tune: AutoTune | None, theme: Theme, dim: str) -> Text:
+    """`▁▃▅▇█▇ 32`: the curve measured so far and the level chosen; `…` while it measures.
+    A dash: the server's concurrency is set by hand."""
+    if tune is None:
+        return Text(f.DASH, style=dim or "dim")
+    settled = tune.phase == "settled"
+    text = knee_plot(tune.curve, tune.level, chosen_style=dim or style(theme, "accent"),
+                     width=8)
+    text.append(f" {tune.level}" + ("" if settled else "…"),
+                style=dim or (style(theme, "good") if settled else style(theme, "accent")))
+    return text
+
+
+def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool,
+            tune: AutoTune | None = None) -> Row:
     dim = style(theme, "muted") if stale else ""
     label = f"{s.gpu}" if s.gpu is not None else f"#{s.number}"
     state: str = s.state
@@ -55,9 +72,10 @@ def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool) -> Row:
     acc = accept_length(s)
     restarts = Text(str(s.restarts), style=dim or (style(theme, "warn") if s.restarts else ""))
     failed = Text(f.num(s.failed), style=dim or (style(theme, "warn") if s.failed else ""))
-    cells = (f"{s.in_flight}/{s.limit}", f.num(s.queued_reqs), f.num(s.req_per_s, 2),
-             f.si(tok_per_s(s)), f"{acc:.2f}" if acc is not None else f.DASH)
+    cells = (f.num(s.queued_reqs), f.num(s.req_per_s, 2), f.si(tok_per_s(s)),
+             f"{acc:.2f}" if acc is not None else f.DASH)
     return (Text(label, style="bold"), Text(state, style=dim or style(theme, tone)), restarts,
+            Text(f"{s.in_flight}/{s.limit}", style=dim), auto_cell(tune, theme, dim),
             *(Text(c, style=dim) for c in cells), failed,
             *(Text(c, style=dim) for c in (util, mem, temp, power)))
 
@@ -69,7 +87,10 @@ class GpuTable(LiveTable):
         if snap is None:
             self.sync({})
             return
-        self.sync({str(s.number): gpu_row(s, snap.updated_at, theme, stale)
+        tunes = {k: sp.autotune for k, sp in snap.progress.servers.items()} \
+            if snap.progress is not None else {}
+        self.sync({str(s.number): gpu_row(s, snap.updated_at, theme, stale,
+                                          tunes.get(str(s.number)))
                    for s in snap.servers})
 
     @property

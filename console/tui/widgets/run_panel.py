@@ -1,6 +1,7 @@
-"""The generation run panel: progress bar, rate and ETA, tokens, average output, truncation,
-empty and failure rates with the latest errors, S3 uploaded / pending, free disk, and the
-live controls (max_tokens, concurrency, paused)."""
+"""The generation run panel: progress bar, rate and ETA with its p10-p90 band, tokens,
+average output, truncation, empty and failure rates with the latest errors, S3 uploaded /
+pending, free disk, what the run costs, and the live controls (max_tokens, concurrency or
+auto-tune, paused)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from textual.containers import Vertical
 from textual.theme import Theme
 from textual.widgets import ProgressBar, Static
 
-from agents.rundir.schema import Snapshot
+from agents.rundir.schema import Cost, Progress, Snapshot
 from console.linkstate import LinkState
 from console.tui.widgets import figures as f
 from console.tui.widgets.tones import RUN_TONE, style, toned
@@ -29,7 +30,31 @@ def latest_errors(snap: Snapshot, n: int = 3) -> list[str]:
     return out[:n]
 
 
-def run_grid(snap: Snapshot, theme: Theme, stale: bool) -> RenderableType:
+def cost_line(p: Progress, cost: Cost | None, own_price: bool) -> tuple[str, str]:
+    """(money, GPU time) for the Cost row: `$35.00 · $5.00/M tok · ~$75.00 at end` (so far,
+    per million output tokens, projected) and `14.0 GPU-h · 8 GPUs × $2.50/h`, the price
+    marked `(fleet)` when it is the fleet file's."""
+    gpus = f"{f.num(p.gpu_hours, 1)} GPU-h · {p.gpus} GPU{'s' if p.gpus != 1 else ''}"
+    if cost is None:
+        return f"{f.DASH} (no [run] cost_per_gpu_hour)", gpus
+    money = f"{f.usd(cost.usd)} · {f.usd(cost.per_mtok_usd)}/M tok"
+    if cost.projected_usd is not None:
+        money += f" · ~{f.usd(cost.projected_usd)} at end"
+    return money, gpus + f" × {f.usd(cost.per_gpu_hour)}/h" + (" (fleet)" if own_price else "")
+
+
+def concurrency_text(p: Progress) -> str:
+    """`concurrency 40`, or `auto on 4 GPUs` when the tuner holds servers (the GPU table
+    shows each one's level)."""
+    tuned = sum(1 for sp in p.servers.values() if sp.autotune is not None)
+    if not tuned:
+        return f"concurrency {p.concurrency}"
+    return f"auto on {tuned} GPU{'s' if tuned != 1 else ''}"
+
+
+def run_grid(snap: Snapshot, theme: Theme, stale: bool,
+             price: float | None = None, cost: Cost | None = None) -> RenderableType:
+    """`cost`: the run's cost as the console shows it (at `price`, the fleet file's, if set)."""
     p = snap.progress
     dim = style(theme, "muted") if stale else ""
     grid = Table.grid(padding=(0, 1))
@@ -45,8 +70,8 @@ def run_grid(snap: Snapshot, theme: Theme, stale: bool) -> RenderableType:
     fail_tone = "bad" if p.failed and p.failed / max(1, done) > 0.01 else None
     grid.add_row("Rate", Text(f"{f.rate(p.rate_per_sec, ' req/s', 2)} · "
                               f"{f.rate(tok_s, ' tok/s')}", style=dim),
-                 "ETA", Text(f"{f.hours(p.eta_hours)} (elapsed {f.hours(p.elapsed_hours)})",
-                             style=dim))
+                 "ETA", Text(f"{f.eta(p.eta_hours, p.eta_p10_hours, p.eta_p90_hours)} · "
+                             f"elapsed {f.hours(p.elapsed_hours)}", style=dim))
     grid.add_row("Tokens", Text(f"in {f.si(p.total_input_tokens)} · out "
                                 f"{f.si(p.total_output_tokens, 2)}", style=dim),
                  "Avg output", Text(f"{f.num(p.avg_output_tokens)} tokens", style=dim))
@@ -73,7 +98,9 @@ def run_grid(snap: Snapshot, theme: Theme, stale: bool) -> RenderableType:
         disk = Text(f"{f.size(d.free_bytes)} free of {f.size(d.total_bytes)}{full}",
                     style=dim or style(theme, "bad" if low else None))
     grid.add_row("S3", s3, "Disk", disk)
-    controls = Text(f"max_tokens {f.num(p.max_tokens)} · concurrency {p.concurrency}"
+    money, gpu_hours = cost_line(p, cost, price is not None)
+    grid.add_row("Cost", Text(money, style=dim), "GPU time", Text(gpu_hours, style=dim))
+    controls = Text(f"max_tokens {f.num(p.max_tokens)} · {concurrency_text(p)}"
                     f" · rev {p.control_rev}", style=dim)
     if p.paused:
         controls.append("  PAUSED", style=style(theme, "warn") + " bold")
@@ -123,7 +150,7 @@ class RunPanel(Vertical):
         yield Static(id="run-grid")
 
     def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: LinkState,
-             error: str | None) -> None:
+             error: str | None, price: float | None = None, cost: Cost | None = None) -> None:
         head = self.query_one("#run-headline", Static)
         grid = self.query_one("#run-grid", Static)
         bar = self.query_one("#run-progress", ProgressBar)
@@ -137,7 +164,7 @@ class RunPanel(Vertical):
         p = snap.progress
         if p is not None and p.total:
             bar.update(total=p.total, progress=p.completed)
-        body: list[RenderableType] = [run_grid(snap, theme, stale)]
+        body: list[RenderableType] = [run_grid(snap, theme, stale, price, cost)]
         errors = error_lines(snap, theme)
         if errors is not None:
             body.append(errors)
