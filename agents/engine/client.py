@@ -25,6 +25,13 @@ class RequestFailed(Exception):
         self.server_fault = server_fault
 
 
+class Aborted(RequestFailed):
+    """A 200 whose finish_reason is "abort"."""
+
+
+DUPLICATE_RID = b"Duplicate request ID"
+
+
 @dataclass(slots=True)
 class Completion:
     reasoning_content: str | None
@@ -53,8 +60,14 @@ def make_client(url: str, max_connections: int, connect_timeout: float, read_tim
     )
 
 
+def rid_for(index: int, attempt: int) -> str:
+    """The request id sent with every request: which line and attempt it is for, so that
+    `/abort_request` can name it (a hedge's copies share it; they go to different servers)."""
+    return f"{index}:{attempt}"
+
+
 def build_request(prompt: Prompt, model: str, max_tokens: int, sampling: dict[str, Any],
-                  chat_template_kwargs: dict[str, Any]) -> dict[str, Any]:
+                  chat_template_kwargs: dict[str, Any], rid: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "messages": prompt.messages,
@@ -68,6 +81,8 @@ def build_request(prompt: Prompt, model: str, max_tokens: int, sampling: dict[st
         body["tools"] = prompt.tools
     if chat_template_kwargs:
         body["chat_template_kwargs"] = chat_template_kwargs
+    if rid is not None:
+        body["rid"] = rid
     return body
 
 
@@ -78,12 +93,15 @@ def _int(v: Any) -> int:
 def parse_response(status: int, body: bytes, latency_s: float) -> Completion:
     if status >= 500:
         raise RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), True, True)
-    if status in (408, 429):
+    if status in (408, 429) or (status == 400 and DUPLICATE_RID in body[:300]):
+        # SGLang refuses a rid it still holds (a copy not yet gone after its abort): later.
         raise RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), True, False)
     if status >= 400:
         raise RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), False, False)
     try:
         return _completion(msgspec.json.decode(body), latency_s)
+    except Aborted:
+        raise
     except (msgspec.DecodeError, KeyError, IndexError, TypeError, AttributeError,
             ValueError) as exc:
         # A 200 whose body is not a chat completion (garbage, a proxy's page, a wrong shape).
@@ -107,6 +125,10 @@ def _completion(obj: Any, latency_s: float) -> Completion:
     finish = choice.get("finish_reason") or "stop"
     if isinstance(finish, dict):  # native /generate shape, tolerated
         finish = finish.get("type", "stop")
+    if finish == "abort":
+        # Aborted on the server (/abort_request, pause_generation): not an answer.
+        raise Aborted("aborted", "the server aborted the request (finish_reason abort)",
+                      True, False)
     details = _dict(usage.get("completion_tokens_details"), "completion_tokens_details")
     reasoning_tokens = _int(usage.get("reasoning_tokens")) or _int(details.get("reasoning_tokens"))
     spec = _dict(_dict(obj.get("sglext"), "sglext").get("spec_tokens_details"), "sglext")
@@ -145,6 +167,23 @@ async def chat(client: httpx.AsyncClient, payload: dict[str, Any]) -> Completion
     except httpx.TransportError as exc:
         raise RequestFailed("transport", f"{type(exc).__name__}: {exc}", True, True) from None
     return parse_response(resp.status_code, resp.content, time.monotonic() - start)
+
+
+async def abort(client: httpx.AsyncClient, rid: str, admin_api_key: str | None,
+                timeout: float = 5.0) -> int | None:
+    """SGLang's `POST /abort_request {"rid": RID}` (`AbortReq`; auth level ADMIN_OPTIONAL:
+    the admin key when the server has one, else its API key, which the client sends). The
+    HTTP status, or None when the server could not be reached; best effort: 200 also for a
+    rid the server no longer holds."""
+    headers = {"Content-Type": "application/json"}
+    if admin_api_key:
+        headers["Authorization"] = f"Bearer {admin_api_key}"
+    try:
+        resp = await client.post("/abort_request", content=msgspec.json.encode({"rid": rid}),
+                                 headers=headers, timeout=timeout)
+    except (httpx.HTTPError, RuntimeError):  # RuntimeError: the client closed (engine ends)
+        return None
+    return resp.status_code
 
 
 async def probe(client: httpx.AsyncClient, timeout: float) -> bool:

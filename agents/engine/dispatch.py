@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import httpx
@@ -115,6 +116,20 @@ class Dispatcher:
             finally:
                 if retry:
                     self._waiting_retries -= 1
+
+    def try_acquire(self, avoid: Collection[int],
+                    rank: Callable[[Server], float]) -> Server | None:
+        """Room on a healthy server not in `avoid`, the highest `rank` first, now or never
+        (a hedge: it takes only room nobody waits for)."""
+        if self.closed or self.paused or self._waiting_retries:
+            return None
+        free = [s for s in self.servers
+                if s.state == "healthy" and s.room > 0 and s.number not in avoid]
+        if not free:
+            return None
+        server = max(free, key=rank)
+        server.in_flight += 1
+        return server
 
     async def release(self, server: Server) -> None:
         server.in_flight -= 1

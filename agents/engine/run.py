@@ -19,8 +19,10 @@ from agents.engine import EngineError
 from agents.engine import prompts as prompt_io
 from agents.engine.accounting import Meter, Totals, server_progress
 from agents.engine.autotune import AutoTuner
-from agents.engine.client import RequestFailed, build_request, chat, make_client
+from agents.engine.client import Completion, RequestFailed, abort, build_request, make_client
+from agents.engine.deadlines import Pace, send_within
 from agents.engine.dispatch import Dispatcher, Server
+from agents.engine.hedge import Hedger, Job
 from agents.engine.journal import Journal, failed, requeued, retry_applied
 from agents.engine.lastgood import control_problem, last_good_control
 from agents.engine.pin import check_pin
@@ -29,6 +31,7 @@ from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
 from agents.rundir.atomic import atomic_write
 from agents.rundir.control import ControlError, ensure_control, read_control
+from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import BatchLine, Control, Progress, Usage, encoder
 from agents.rundir.spec import GenerateSection, RunSpec, SpecError, keep_copy
 
@@ -69,6 +72,13 @@ class Engine:
         self._epoch = 0
         self._live = 0  # request tasks not yet finished
         self._idle = asyncio.Event()
+        # The request path: jobs in flight by index, the feeder's pass at its end (the tail
+        # can start), deadline misses, hedges won, abort_request refusals said once a server.
+        self._jobs: dict[int, Job] = {}
+        self._fed = False
+        self.deadline_misses = 0
+        self.hedges_won = 0
+        self._abort_refused: set[int] = set()
         self.writer_error: str | None = None
         self._lock_fd = -1
         self.uploader: Uploader | None = None
@@ -158,6 +168,9 @@ class Engine:
         ]
         self.dispatcher = Dispatcher(self.servers, self.gen.server_failures_to_down,
                                      probe_interval_s=1.0, probe_timeout_s=30.0)
+        self.pace = Pace(self.gen.deadline_factor, self.gen.min_deadline_s,
+                         self.gen.request_timeout_s)
+        self.hedger = Hedger(self.dispatcher, self.pace, self._send_copy)
         # `resize auto` / concurrency_per_server = "auto": the tuner writes control.json.
         self.autotune = AutoTuner(self.run_dir, self.servers, lambda: self.control,
                                   self.gen.max_concurrency)
@@ -201,6 +214,7 @@ class Engine:
             asyncio.create_task(self._progress_loop(), name="progress"),
             asyncio.create_task(self._control_loop(), name="control"),
             asyncio.create_task(self.dispatcher.probe_forever(), name="probe"),
+            asyncio.create_task(self._hedge_loop(), name="hedge"),
             asyncio.create_task(self.autotune.run(), name="autotune"),
         ]
         if self.uploader is not None:
@@ -248,6 +262,7 @@ class Engine:
         while not self.stopping:
             epoch = self._epoch
             scanned = 0
+            self._fed = False
             stream = prompt_io.stream(self.spec.prompts_path, self._needs,
                                       max_bytes=self.gen.max_prompt_bytes)
             for index, raw in stream:
@@ -274,6 +289,7 @@ class Engine:
                 if scanned % 256 == 0:
                     await asyncio.sleep(0)
             # The pass is over: wait for what is in flight, then see whether retries came in.
+            self._fed = True
             while self._live and not self.stopping:
                 self._idle.clear()
                 await self._idle.wait()
@@ -286,32 +302,37 @@ class Engine:
                 return
 
     async def _request(self, prompt: prompt_io.Prompt, server: Server | None, attempt: int) -> None:
+        """One request to its end: its line queued for the writer, or `failed` journaled.
+        Each try is a copy on a server, given up at its deadline (requeued, reason
+        `deadline`, against `retries`); at the tail the hedger may add a copy elsewhere. The
+        job yields one answer, so there is one line per index and attempt."""
+        job = Job(prompt.index, attempt)
+        self._jobs[prompt.index] = job
         tries = 0
         queued = False  # once queued for the writer, the writer clears _inflight
         try:
             while server is not None:
                 tries += 1
                 assert self.control is not None
-                max_tokens = self.control.max_tokens
-                payload = build_request(prompt, self.spec.model_name, max_tokens,
-                                        self.gen.sampling, self.gen.chat_template_kwargs)
-                try:
-                    result = await chat(server.client, payload)
-                except BaseException as exc:
-                    if not isinstance(exc, RequestFailed):
-                        await self.dispatcher.release(server)  # never leak a server slot
-                        raise
-                    if exc.server_fault and self.dispatcher.record_failure(
-                        server, exc.message, exc.error == "connect"
-                    ):
-                        log.warning("server %d (%s) set aside: %s", server.number,
-                                    server.url, exc)
-                    await self.dispatcher.release(server)
+                job.max_tokens = self.control.max_tokens
+                job.payload = build_request(prompt, self.spec.model_name, job.max_tokens,
+                                            self.gen.sampling, self.gen.chat_template_kwargs,
+                                            rid=job.rid)
+                self._send_copy(job, server, False)
+                outcome = await job.settle()
+                server = outcome.server
+                result = outcome.completion
+                if result is None:
+                    exc = outcome.error
+                    assert exc is not None
                     if not exc.retryable or tries >= self.gen.retries:
                         server.failed += 1
                         await self._journal([failed(prompt.index, exc.error, exc.message, tries,
                                                     server.number, attempt)])
                         return
+                    if exc.error == "deadline":
+                        # Durable before it goes out again, as every requeue is.
+                        await self._journal([requeued(prompt.index, attempt, "deadline")])
                     self.meter.totals.retried += 1
                     await asyncio.sleep(min(0.2 * 2 ** (tries - 1), 10.0))
                     server = await self.dispatcher.acquire(avoid=server.number, retry=True)
@@ -319,7 +340,7 @@ class Engine:
                 self.dispatcher.record_success(server)
                 server.count_completion(result.completion_tokens, result.spec_verify_ct,
                                         result.latency_s)
-                await self.dispatcher.release(server)
+                self.hedges_won += outcome.hedge
                 line = BatchLine(
                     index=prompt.index, id=prompt.id, messages=prompt.messages, tools=prompt.tools,
                     reasoning_content=result.reasoning_content, content=result.content,
@@ -327,20 +348,98 @@ class Engine:
                     usage=Usage(result.prompt_tokens, result.completion_tokens,
                                 result.reasoning_tokens),
                     model=self.spec.model_name, sampling=self.gen.sampling,
-                    chat_template_kwargs=self.gen.chat_template_kwargs, max_tokens=max_tokens,
-                    server=server.number, latency_s=round(result.latency_s, 3),
-                    spec_verify_ct=result.spec_verify_ct, attempt=attempt,
+                    chat_template_kwargs=self.gen.chat_template_kwargs,
+                    max_tokens=job.max_tokens, server=server.number,
+                    latency_s=round(result.latency_s, 3), spec_verify_ct=result.spec_verify_ct,
+                    attempt=attempt,
                 )
                 await self._write_q.put((prompt.index, attempt, encoder.encode(line) + b"\n",
                                          line, self._requeue_reason.get(prompt.index)))
                 queued = True
+                if job.hedges:
+                    crash_point("hedge_won")  # tests: killed while the loser is aborted
                 return
         finally:
+            job.cancel()  # drained, or lost: the copies still out are aborted
+            if self._jobs.get(prompt.index) is job:
+                del self._jobs[prompt.index]
             if not queued:
                 self._inflight.discard(prompt.index)
             self._live -= 1
             if self._live == 0:
                 self._idle.set()
+
+    def _send_copy(self, job: Job, server: Server, hedge: bool) -> None:
+        """Send the job's request to `server` (a slot the caller acquired, released when the
+        copy ends)."""
+        job.add(server, asyncio.get_running_loop().create_task(self._copy(job, server)), hedge)
+        if hedge:
+            log.info("index %d attempt %d: hedged on server %d after %.1f s",
+                     job.index, job.attempt, server.number, time.monotonic() - job.started)
+            crash_point("hedge_sent")  # tests: killed with two copies out
+
+    async def _copy(self, job: Job, server: Server) -> Completion:
+        assert job.payload is not None
+        max_tokens = job.max_tokens
+        try:
+            result = await send_within(server.client, job.payload,
+                                       lambda: self.pace.deadline(server.number, max_tokens),
+                                       self.gen.deadline_factor)
+        except RequestFailed as exc:
+            if exc.error == "deadline":
+                self.deadline_misses += 1
+                self._abort(server, job.rid)
+                log.warning("index %d attempt %d on server %d: %s", job.index, job.attempt,
+                            server.number, exc.message)
+            if exc.server_fault and self.dispatcher.record_failure(
+                server, f"{exc.error}: {exc.message}", exc.error == "connect"
+            ):
+                log.warning("server %d (%s) set aside: %s", server.number, server.url, exc)
+            raise
+        except asyncio.CancelledError:
+            self._abort(server, job.rid)  # another copy answered first, or the run drains
+            raise
+        finally:
+            await self.dispatcher.release(server)  # never leak a server slot
+        self.pace.observe(server.number, result.completion_tokens, result.latency_s)
+        return result
+
+    def _abort(self, server: Server, rid: str) -> None:
+        """SGLang's /abort_request for a request given up on, in the background (best
+        effort: the server also aborts when it sees the connection closed)."""
+
+        async def send() -> None:
+            status = await abort(server.client, rid, self.spec.servers.admin_api_key)
+            if status in (401, 403) and server.number not in self._abort_refused:
+                self._abort_refused.add(server.number)
+                log.warning("server %d (%s) refused /abort_request (HTTP %d): set [servers] "
+                            "admin_api_key to its --admin-api-key; until then a request given "
+                            "up on runs there until it ends", server.number, server.url,
+                            status)
+
+        self._spawn(send())
+
+    @property
+    def tail(self) -> bool:
+        """The work left is smaller than the capacity in flight: every request is out and
+        servers stand idle, so the oldest may be hedged."""
+        if not self._fed or not self._live or self.stopping or self.dispatcher.paused:
+            return False
+        return self._live < sum(s.limit for s in self.servers if s.state == "healthy")
+
+    async def _hedge_loop(self) -> None:
+        """At the tail, hedge; looks again at an eighth of the median answer's time."""
+        while True:
+            median = self.pace.median_latency()
+            await asyncio.sleep(min(max((median or 1.0) / 8, 0.01), 0.5))
+            if self.gen.hedge and self.tail:
+                self.hedger.hedge(self._jobs.values())
+
+    def server_figures(self, number: int, gen_throughput: float | None,
+                       running: int | None) -> None:
+        """SGLang's own figures for a server (the supervisor reads /metrics and the decode
+        log): its pace, for deadlines before it has answered."""
+        self.pace.observe_figures(number, gen_throughput, running)
 
     async def _journal(self, events: list[Any]) -> None:
         """Append to failures.jsonl, all or nothing. When it cannot be written (a full disk)
@@ -589,7 +688,8 @@ class Engine:
             started_at=self.meter.started_at, total_reasoning_tokens=t.reasoning_tokens,
             bad_input=self.journal.state.bad_input, paused=self.dispatcher.paused,
             s3_error=up.last_error if up else None, batches_closed=self._batches_closed,
-            message=self.message or self._control_note,
+            message=self.message or self._control_note, tail=self.tail, hedges=self.hedger.sent,
+            hedges_won=self.hedges_won, deadline_misses=self.deadline_misses,
         ))
 
     def _write_progress(self) -> None:

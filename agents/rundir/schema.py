@@ -197,6 +197,13 @@ class Progress(msgspec.Struct):
     s3_error: str | None = None
     batches_closed: int = 0
     message: str | None = None
+    # The tail: the work left is under the capacity in flight, so idle servers take second
+    # copies of the oldest requests (hedges). Hedges sent and won, and requests given up at
+    # their deadline, count since this engine started.
+    tail: bool = False
+    hedges: int = 0
+    hedges_won: int = 0
+    deadline_misses: int = 0
     # The ETA's p10-p90 band, from the spread of the recent rate (None until it is known).
     eta_p10_hours: float | None = None
     eta_p90_hours: float | None = None

@@ -70,6 +70,14 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     server_failures_to_down: int = 3
     drain_timeout_s: float = 300.0
     max_concurrency: int = 1024
+    # Request deadlines: a request running past deadline_factor x the time its server's recent
+    # pace gives its max_tokens (never under min_deadline_s, never over request_timeout_s) is
+    # aborted and sent again elsewhere, against `retries`. 0 turns deadlines off.
+    deadline_factor: float = 3.0
+    min_deadline_s: float = 30.0
+    # At the tail (work left under the capacity in flight) the oldest requests go a second
+    # time to idle servers; the first answer wins, the other is aborted.
+    hedge: bool = True
 
     @property
     def auto_concurrency(self) -> bool:
@@ -267,6 +275,12 @@ def _check(spec: RunSpec, path: Path) -> None:
                        ("connect_timeout_s", gen.connect_timeout_s)):
             if t <= 0:
                 fail(f"[generate] {key}", f"must be positive, got {t}")
+        if gen.deadline_factor != 0 and gen.deadline_factor < 1:
+            fail("[generate] deadline_factor",
+                 f"must be 0 (off) or at least 1, got {gen.deadline_factor}")
+        if not 0 < gen.min_deadline_s <= gen.request_timeout_s:
+            fail("[generate] min_deadline_s", f"must be positive and at most request_timeout_s "
+                 f"({gen.request_timeout_s:g}), got {gen.min_deadline_s:g}")
         prompts = spec.prompts_path
         if not prompts.is_file():
             fail("[generate] prompts", f"no such file: {prompts}")

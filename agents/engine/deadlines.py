@@ -1,0 +1,128 @@
+"""Request deadlines from what the servers actually do: each server's recent decode pace
+(output tokens per second per request, from its answers, or from SGLang's metrics until it has
+answered), the time that pace gives a request's max_tokens, and a send that gives up at
+`deadline_factor` x that time (clamped to [min_deadline_s, request_timeout_s])."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from agents.engine.client import Completion, RequestFailed, chat
+
+WINDOW = 32  # answers per server that make its pace
+MIN_ANSWERS = 4  # fewer than this: the pace of the whole fleet, or SGLang's own figures
+LATENCIES_KEPT = 256
+# A request whose deadline is not known yet (no answer anywhere) looks again this often.
+RECHECK_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    seconds: float
+    tokens_per_s: float  # the per-request pace it was computed from
+    max_tokens: int
+
+    def why(self, factor: float) -> str:
+        return (f"{factor:g} x {self.max_tokens} tokens at {self.tokens_per_s:.1f} tokens/s "
+                f"per request = {self.seconds:.1f} s")
+
+
+class Pace:
+    """Per-server decode pace and the fleet's recent request latencies."""
+
+    def __init__(self, factor: float, min_s: float, max_s: float) -> None:
+        self.factor = factor
+        self.min_s = min_s
+        self.max_s = max_s
+        self._answers: dict[int, deque[tuple[int, float]]] = {}
+        self._hints: dict[int, float] = {}
+        self._latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
+
+    def observe(self, server: int, tokens: int, latency_s: float) -> None:
+        """One answer (any copy's, a hedge that lost included)."""
+        if latency_s <= 0:
+            return
+        self._latencies.append(latency_s)
+        if tokens > 0:
+            self._answers.setdefault(server, deque(maxlen=WINDOW)).append((tokens, latency_s))
+
+    def observe_figures(self, server: int, gen_throughput: float | None,
+                        running: int | None) -> None:
+        """SGLang's own view (/metrics or the decode log): output tokens/s over the running
+        batch. Used only until the server has answered MIN_ANSWERS times."""
+        if gen_throughput and running and gen_throughput > 0 and running > 0:
+            self._hints[server] = gen_throughput / running
+
+    def tokens_per_s(self, server: int) -> float | None:
+        """Tokens per second per request: output tokens over the time they took (queue and
+        prefill included, so the pace errs slow), this server's, else SGLang's, else the
+        fleet's."""
+        own = self._answers.get(server)
+        if own is not None and len(own) >= MIN_ANSWERS:
+            return _ratio(own)
+        hint = self._hints.get(server)
+        if hint is not None:
+            return hint
+        fleet = [a for w in self._answers.values() for a in w]
+        return _ratio(fleet) if len(fleet) >= MIN_ANSWERS else None
+
+    def deadline(self, server: int, max_tokens: int) -> Deadline | None:
+        """None when deadlines are off or nothing is known yet (request_timeout_s holds)."""
+        if self.factor <= 0:
+            return None
+        pace = self.tokens_per_s(server)
+        if not pace:
+            return None
+        seconds = min(max(self.factor * max_tokens / pace, self.min_s), self.max_s)
+        return Deadline(seconds, pace, max_tokens)
+
+    def median_latency(self) -> float | None:
+        """The median latency of recent answers, fleet-wide (None before any)."""
+        return statistics.median(self._latencies) if self._latencies else None
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    # A call given up on may still end with an error: read it, so asyncio does not log it.
+    if not task.cancelled():
+        task.exception()
+
+
+def _ratio(answers: Any) -> float | None:
+    tokens = sum(t for t, _ in answers)
+    seconds = sum(s for _, s in answers)
+    return tokens / seconds if seconds > 0 else None
+
+
+async def send_within(client: httpx.AsyncClient, payload: dict[str, Any],
+                      deadline: Callable[[], Deadline | None], factor: float) -> Completion:
+    """The chat request, given up when it runs past `deadline()` (asked again as the pace
+    becomes known): RequestFailed("deadline"). The HTTP request is cancelled on the way out
+    (deadline or cancellation); aborting it on the server is the caller's (it knows the key)."""
+    start = time.monotonic()
+    call = asyncio.ensure_future(chat(client, payload))
+    call.add_done_callback(_retrieve)
+    try:
+        while True:
+            d = deadline()
+            wait = RECHECK_S
+            if d is not None:
+                left = start + d.seconds - time.monotonic()
+                if left <= 0:
+                    raise RequestFailed("deadline", f"no answer after "
+                                        f"{time.monotonic() - start:.1f} s ({d.why(factor)})",
+                                        True, True)
+                wait = min(wait, left)
+            done, _ = await asyncio.wait({call}, timeout=wait)
+            if done:
+                return call.result()
+    finally:
+        if not call.done():
+            call.cancel()

@@ -1,0 +1,140 @@
+"""Hedging at the tail. A Job is one request (index, attempt) and the copies of it in flight:
+the first answer wins and the others are cancelled (and aborted on their servers by whoever
+sent them), so the job yields one answer, never two. The Hedger, when the work left is smaller
+than the capacity in flight, sends the oldest requests a second copy on an idle server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents.engine.client import Completion, RequestFailed, rid_for
+from agents.engine.deadlines import Pace
+from agents.engine.dispatch import Dispatcher, Server
+
+MAX_HEDGES = 2  # extra copies of one request in its whole life (one at a time)
+
+
+@dataclass(eq=False, slots=True)
+class Copy:
+    server: Server
+    task: asyncio.Task[Completion]
+    hedge: bool
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A job's end: the winning answer and where it came from, or the last failure."""
+
+    server: Server
+    completion: Completion | None = None
+    error: RequestFailed | None = None
+    hedge: bool = False
+
+
+class Job:
+    """One request (index, attempt) and its copies in flight."""
+
+    def __init__(self, index: int, attempt: int) -> None:
+        self.index = index
+        self.attempt = attempt
+        self.rid = rid_for(index, attempt)
+        self.payload: dict[str, Any] | None = None
+        self.max_tokens = 0
+        self.copies: list[Copy] = []
+        self.hedges = 0
+        self._changed = asyncio.Event()
+
+    def add(self, server: Server, task: asyncio.Task[Completion], hedge: bool) -> None:
+        task.add_done_callback(_retrieve)
+        self.copies.append(Copy(server, task, hedge))
+        self._changed.set()
+
+    @property
+    def servers(self) -> set[int]:
+        return {c.server.number for c in self.copies}
+
+    @property
+    def started(self) -> float:
+        """When its oldest running copy was sent (inf with none running)."""
+        return min((c.started for c in self.copies), default=float("inf"))
+
+    async def settle(self) -> Outcome:
+        """Wait for the first answer; with every copy failed, the last failure. A copy added
+        meanwhile (a hedge) is waited for too."""
+        last: Outcome | None = None
+        while True:
+            if not self.copies:
+                assert last is not None, f"job {self.rid}: settle() with no copy sent"
+                return last
+            self._changed.clear()
+            changed = asyncio.ensure_future(self._changed.wait())
+            try:
+                await asyncio.wait([*(c.task for c in self.copies), changed],
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+            for c in [c for c in self.copies if c.task.done()]:
+                self.copies.remove(c)
+                if c.task.cancelled():
+                    continue
+                exc = c.task.exception()
+                if exc is None:
+                    self.cancel()  # the others lose
+                    return Outcome(c.server, completion=c.task.result(), hedge=c.hedge)
+                if not isinstance(exc, RequestFailed):
+                    self.cancel()
+                    raise exc
+                last = Outcome(c.server, error=exc, hedge=c.hedge)
+
+    def cancel(self) -> None:
+        for c in self.copies:
+            c.task.cancel()
+        self.copies.clear()
+
+
+def _retrieve(task: asyncio.Task[Completion]) -> None:
+    # A copy cancelled after it failed: read its error, so asyncio does not log it.
+    if not task.cancelled():
+        task.exception()
+
+
+class Hedger:
+    """Sends the oldest requests a second copy on idle servers, fastest first."""
+
+    def __init__(self, dispatcher: Dispatcher, pace: Pace,
+                 send: Callable[[Job, Server, bool], None]) -> None:
+        self.dispatcher = dispatcher
+        self.pace = pace
+        self.send = send
+        self.sent = 0
+
+    def min_age(self) -> float | None:
+        """A copy younger than the median answer is likely to finish: not hedged yet."""
+        return self.pace.median_latency()
+
+    def hedge(self, jobs: Iterable[Job], now: float | None = None) -> int:
+        """Hedge what may be hedged now; the number of copies sent."""
+        min_age = self.min_age()
+        if min_age is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        sent = 0
+        for job in sorted(jobs, key=lambda j: j.started):
+            if now - job.started < min_age:
+                break  # the rest are younger
+            if len(job.copies) != 1 or job.hedges >= MAX_HEDGES or job.payload is None:
+                continue
+            server = self.dispatcher.try_acquire(
+                job.servers, lambda s: self.pace.tokens_per_s(s.number) or 0.0)
+            if server is None:
+                break  # no idle server left
+            job.hedges += 1
+            self.sent += 1
+            sent += 1
+            self.send(job, server, True)
+        return sent
