@@ -1,0 +1,257 @@
+"""The tail: request deadlines from the servers' own pace, SGLang's /abort_request, and
+hedging when the work left is under the capacity in flight. Real simulators, the real engine
+as a process, kill -9 at crash points inside a hedge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agents.engine.client import (
+    Aborted,
+    RequestFailed,
+    abort,
+    build_request,
+    make_client,
+    parse_response,
+    rid_for,
+)
+from agents.engine.deadlines import Pace
+from agents.engine.prompts import Prompt
+from agents.rundir.spec import SpecError, load_spec
+from tests.engine.runs import (
+    EngineProc,
+    read_run,
+    start_engine,
+    wait_progress,
+    write_prompts,
+    write_spec,
+)
+from tests.servers.ports import wait_until
+
+SCALE = 0.1  # wall seconds per simulated second in these runs
+TODAY_TIMEOUT_S = 3600 * SCALE  # request_timeout_s's default, in this time scale
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "failures.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _state(url: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{url}/sim/state", timeout=10).json())
+
+
+# -- the pace and its deadline ---------------------------------------------------------------
+
+def test_deadline_comes_from_the_servers_pace_and_stays_in_its_bounds() -> None:
+    pace = Pace(factor=3.0, min_s=5.0, max_s=600.0)
+    assert pace.deadline(0, 1000) is None  # nothing known: request_timeout_s holds
+    pace.observe_figures(0, gen_throughput=2000.0, running=20)  # SGLang: 100 tok/s a request
+    d = pace.deadline(0, 1000)
+    assert d is not None and d.seconds == pytest.approx(30.0)
+    for _ in range(4):  # its own answers win over the metrics: 300 tokens in 6 s = 50 tok/s
+        pace.observe(0, 300, 6.0)
+    d = pace.deadline(0, 1000)
+    assert d is not None and d.seconds == pytest.approx(60.0) and d.tokens_per_s == 50.0
+    # a server that never answered takes the fleet's pace
+    d1 = pace.deadline(1, 1000)
+    assert d1 is not None and d1.seconds == pytest.approx(60.0)
+    # clamped: never under min_deadline_s, never over request_timeout_s
+    small, big = pace.deadline(0, 10), pace.deadline(0, 10**6)
+    assert small is not None and small.seconds == 5.0
+    assert big is not None and big.seconds == 600.0
+    assert Pace(factor=0.0, min_s=5.0, max_s=600.0).deadline(0, 1000) is None  # off
+    assert pace.median_latency() == 6.0
+
+
+@pytest.mark.parametrize(("key", "value", "why"), [
+    ("deadline_factor", 0.5, "must be 0 (off) or at least 1"),
+    ("min_deadline_s", 0, "must be positive"),
+    ("min_deadline_s", 99.0, "at most request_timeout_s"),
+])
+def test_bad_deadline_keys_are_named(tmp_path: Path, key: str, value: float, why: str) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 3)
+    spec = write_spec(tmp_path / "run.toml", prompts, ["http://127.0.0.1:1"],
+                      **{key: value})
+    with pytest.raises(SpecError) as err:
+        load_spec(spec)
+    assert f"[generate] {key}" in str(err.value) and why in str(err.value)
+
+
+# -- SGLang's /abort_request, as the simulator serves it --------------------------------------
+
+async def test_abort_request_by_rid_with_the_admin_key(sims) -> None:
+    """SGLang's interface: POST /abort_request {"rid": ...}; ADMIN_OPTIONAL auth (the admin
+    key when the server has one, the API key then refused); a rid still held is refused as a
+    duplicate; the aborted request answers with finish_reason "abort"."""
+    sim = sims("--api-key", "sk-1", "--admin-api-key", "adm", "--hang-rate", "1")
+    prompt = Prompt(index=7, id=None, messages=[{"role": "user", "content": "hi"}], tools=None)
+    body = build_request(prompt, "default", 64, {}, {}, rid=rid_for(7, 2))
+    assert body["rid"] == "7:2"
+    client = make_client(sim.url, 4, 2.0, 30.0, "sk-1")
+    try:
+        held = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
+        await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 1, 30,
+                                "the request held by the simulator")
+        dup = await client.post("/v1/chat/completions", json=body)
+        with pytest.raises(RequestFailed) as err:
+            parse_response(dup.status_code, dup.content, 0.0)
+        assert dup.status_code == 400 and err.value.retryable  # later, not never
+        assert await abort(client, "7:2", None) == 401  # the API key is not the admin key
+        assert _state(sim.url)["hung"] == 1
+        assert await abort(client, "7:2", "adm") == 200
+        resp = await asyncio.wait_for(held, 30)
+        with pytest.raises(Aborted):
+            parse_response(resp.status_code, resp.content, 0.0)
+        state = _state(sim.url)
+        assert state["hung"] == 0 and state["aborted_total"] == 1
+        assert await abort(client, "no-such-rid", "adm") == 200  # as SGLang: a no-op
+        bad = await client.post("/abort_request", content=b"[1, 2",
+                                headers={"Authorization": "Bearer adm",
+                                         "Content-Type": "application/json"})
+        assert bad.status_code == 400
+    finally:
+        await client.aclose()
+
+
+# -- deadlines ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("retries", [1, 3])
+def test_a_server_that_hangs_misses_deadlines_is_set_aside_and_its_work_goes_on(
+        tmp_path: Path, sims, retries: int) -> None:
+    good = sims("--time-scale", str(SCALE), "--seed", 0)
+    hung = sims("--time-scale", str(SCALE), "--seed", 1, "--hang-rate", "1")
+    n = 80
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, n)
+    spec = write_spec(tmp_path / "run.toml", prompts, [good.url, hung.url], max_tokens=512,
+                      concurrency_per_server=4, retries=retries,
+                      request_timeout_s=TODAY_TIMEOUT_S, min_deadline_s=0.2, hedge=False)
+    engine = start_engine(spec)
+    try:
+        seen = wait_progress(engine, lambda p: p["servers"]["1"]["state"] == "down", 90,
+                             "the hanging server set aside")
+        assert "deadline" in (seen["servers"]["1"]["last_error"] or "")
+        assert engine.wait(120) == 0, engine.stderr()
+    finally:
+        engine.kill()
+    st = read_run(engine.run_dir)
+    assert st.todo == set() and len(st.current) + len(st.failed) == n
+    assert all(line["server"] == 0 for line in st.current.values())
+    events = _events(engine.run_dir)
+    failed = [e for e in events if e["event"] == "failed"]
+    requeued = [e for e in events if e["event"] == "requeued"]
+    assert {e["error"] for e in failed} <= {"deadline"}
+    if retries == 1:  # no second try: given up at the first deadline
+        assert failed and not requeued and {e["index"] for e in failed} == st.failed
+    else:  # the second try goes to the other server
+        assert not failed and len(st.current) == n
+        assert requeued and {e["what"] for e in requeued} == {"deadline"}
+        assert all(e["attempt"] == 1 for e in requeued)
+    progress = json.loads((engine.run_dir / "progress.json").read_text())
+    assert progress["deadline_misses"] >= len(failed) + len(requeued) > 0
+    # each miss was aborted on the server through /abort_request, nothing is left held
+    state = _state(hung.url)
+    assert state["abort_requests"] >= progress["deadline_misses"]
+    wait_until(lambda: _state(hung.url)["hung"] == 0, 30, "held requests released")
+
+
+# -- the tail: hangs and a slow server -------------------------------------------------------
+
+def _watch_tail(engine: EngineProc, n: int) -> dict[str, Any]:
+    """Poll progress.json: when 99% and 100% of the indices were settled, whether the run
+    said "tail", and the last progress."""
+    seen: dict[str, Any] = {"t99": None, "t100": None, "tail": False}
+
+    def check() -> bool:
+        p = engine.progress()
+        if p is None:
+            return False
+        now = time.monotonic()
+        settled = p["completed"] + p["failed"]
+        seen["tail"] = seen["tail"] or p.get("tail", False)
+        if seen["t99"] is None and settled >= math.ceil(0.99 * n):
+            seen["t99"] = now
+        if settled >= n:
+            seen["t100"] = now
+            seen["last"] = p
+            return True
+        return False
+
+    wait_until(check, 150, "every index settled", interval=0.01)
+    return seen
+
+
+def test_hangs_and_a_slow_server_end_within_three_median_latencies(tmp_path: Path,
+                                                                   sims) -> None:
+    """Today a hung request holds the run for request_timeout_s (here 3,600 simulated s):
+    with deadlines and hedging, the last 1% takes at most 3x the median request latency."""
+    servers = [sims("--time-scale", str(SCALE), "--seed", 0, "--hang-rate", "0.02"),
+               sims("--time-scale", str(SCALE), "--seed", 1, "--slow-factor", "6"),
+               sims("--time-scale", str(SCALE), "--seed", 2, "--hang-rate", "0.02")]
+    n = 400
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, n)
+    spec = write_spec(tmp_path / "run.toml", prompts, [s.url for s in servers],
+                      max_tokens=1024, concurrency_per_server=8,
+                      request_timeout_s=TODAY_TIMEOUT_S, min_deadline_s=0.5)
+    engine = start_engine(spec, env={"FLEETDECK_PROGRESS_INTERVAL_S": "0.02"})
+    try:
+        seen = _watch_tail(engine, n)
+        assert engine.wait(60) == 0, engine.stderr()
+    finally:
+        engine.kill()
+    st = read_run(engine.run_dir)  # one line per (index, attempt), done-set agrees
+    assert st.todo == set() and len(st.current) + len(st.failed) == n
+    failed = [e for e in _events(engine.run_dir) if e["event"] == "failed"]
+    assert {e["error"] for e in failed} <= {"deadline"}, failed[:3]
+    median_sim = statistics.median(line["latency_s"] for line in st.current.values()) / SCALE
+    tail_sim = (seen["t100"] - seen["t99"]) / SCALE
+    assert tail_sim <= 3 * median_sim, (
+        f"99% -> 100% took {tail_sim:.1f} simulated s, median latency {median_sim:.1f} s")
+    last = seen["last"]
+    assert seen["tail"] and last["hedges"] >= 1 and last["deadline_misses"] >= 1
+    # the slow server's last requests were answered elsewhere: some hedges won
+    assert last["hedges_won"] >= 1
+    assert sum(_state(s.url)["abort_requests"] for s in servers) >= 1
+
+
+# -- hedge + kill -9 + resume ------------------------------------------------------------------
+
+@pytest.mark.parametrize("point", ["hedge_sent:2", "hedge_won:1"])
+def test_kill_9_in_the_middle_of_a_hedge_then_resume_keeps_one_line_per_attempt(
+        tmp_path: Path, sims, point: str) -> None:
+    servers = [sims("--time-scale", str(SCALE), "--seed", 0),
+               sims("--time-scale", str(SCALE), "--seed", 1, "--slow-factor", "8"),
+               sims("--time-scale", str(SCALE), "--seed", 2, "--hang-rate", "0.03")]
+    n = 150
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, n)
+    spec = write_spec(tmp_path / "run.toml", prompts, [s.url for s in servers],
+                      max_tokens=512, concurrency_per_server=4, batch_size=40,
+                      request_timeout_s=TODAY_TIMEOUT_S, min_deadline_s=0.5)
+    crashed = start_engine(spec, env={"FLEETDECK_CRASH_AT": point})
+    assert crashed.wait(150) == -signal.SIGKILL, crashed.stderr()
+    before = read_run(crashed.run_dir, after_kill=True)
+    assert "hedged on server" in (crashed.run_dir / "logs" / "generate.log").read_text()
+    resumed = start_engine(spec)
+    assert resumed.wait(150) == 0, resumed.stderr()
+    st = read_run(resumed.run_dir)  # asserts no (index, attempt) written twice
+    assert st.todo == set() and len(st.current) + len(st.failed) == n
+    assert set(before.current) <= set(st.current)
+    assert st.lines == len(st.current)  # attempt 1 only: exactly one line per index
+    progress = json.loads((resumed.run_dir / "progress.json").read_text())
+    assert progress["completed"] == len(st.current) and progress["status"] == "done"
