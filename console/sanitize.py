@@ -30,9 +30,10 @@ def _escape(ch: str) -> str:
     return f"\\U{code:08x}"
 
 
-def shown(text: object, keep_tabs: bool = False) -> str:
+def shown(text: object, keep_tabs: bool = False, multiline: bool = False) -> str:
     """`text` as a terminal may show it: control, escape, format and undecodable characters
-    escaped; `keep_tabs` leaves tabs alone (log lines). Not a path: for display only.
+    escaped; `keep_tabs` leaves tabs alone (log lines), `multiline` tabs and newlines (a
+    completion's text). Not a path: for display only.
 
     Python's str.isprintable() is the test: it is false for controls (C0, DEL, C1), format
     characters (bidi overrides, zero-width joiners), separators other than the space,
@@ -40,13 +41,15 @@ def shown(text: object, keep_tabs: bool = False) -> str:
     s = text if isinstance(text, str) else str(text)
     if s.isascii() and s.isprintable():
         return s  # the common case, cheaply
-    out = []
-    for ch in s:
-        if (ch == "\t" and keep_tabs) or ch.isprintable():
-            out.append(ch)
-        else:
-            out.append(_escape(ch))
-    return "".join(out)
+    kept = ("\t\n" if multiline else "\t" if keep_tabs else "")
+    return "".join(ch if ch.isprintable() or ch in kept else _escape(ch) for ch in s)
 
 
-__all__ = ["shown"]
+def shown_markup(text: object) -> str:
+    """`shown(text)` for a place that reads Textual markup (Static, Label, notify): every `[`
+    escaped too, so a name such as `[/]` or `[@click=app.quit]` is shown as written, never
+    parsed (a tag that does not close crashes the TUI with a MarkupError)."""
+    return shown(text).replace("[", "\\[")
+
+
+__all__ = ["shown", "shown_markup"]

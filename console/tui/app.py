@@ -25,6 +25,7 @@ from console.actions import ACTIONS, BY_ID
 from console.alerting import run_alert_command
 from console.fleet import Fleet, Node
 from console.linkstate import LinkState
+from console.sanitize import shown_markup
 from console.state import FleetState
 from console.transport import AgentLink, HostKeyProblem, accept_host_key
 from console.tui.fetched import Fetched
@@ -197,7 +198,7 @@ class FleetdeckApp(App[int]):
         if event.state == "host key":
             self._host_key(event.node, link)
         elif event.state == "version mismatch":
-            self.notify(event.error or f"{event.node}: agent version mismatch",
+            self.notify(shown_markup(event.error or f"{event.node}: agent version mismatch"),
                         severity="error", timeout=20)
 
     def _host_key(self, name: str, link: AgentLink) -> None:
@@ -257,7 +258,8 @@ class FleetdeckApp(App[int]):
         if self.settings.bell:
             self.bell()
         where = f" (server {alert.server})" if alert.server is not None else ""
-        self.notify(f"{name}{where}: {alert.message}", title=f"Alert: {alert.code}",
+        self.notify(shown_markup(f"{name}{where}: {alert.message}"),
+                    title=shown_markup(f"Alert: {alert.code}"),
                     severity="error" if alert.severity == "critical" else "warning",
                     timeout=15)
         command = self.settings.alert_command
@@ -267,7 +269,8 @@ class FleetdeckApp(App[int]):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR:
-            self.notify(f"{event.worker.name}: {event.worker.error}", severity="error",
+            self.notify(shown_markup(f"{event.worker.name}: {event.worker.error}"),
+                        severity="error",
                         timeout=15)
 
     # -- drawing ----------------------------------------------------------------------------
@@ -388,7 +391,9 @@ class FleetdeckApp(App[int]):
 
     @on(ActionReport)
     def _action_report(self, event: ActionReport) -> None:
-        self.notify(f"{event.node}: {event.text}", severity="information" if event.ok
+        # Reports carry what nodes said: shown escaped, never parsed as markup.
+        self.notify(shown_markup(f"{event.node}: {event.text}"),
+                    severity="information" if event.ok
                     else "error", timeout=6 if event.ok else 12)
 
     # -- actions ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
+from console.sanitize import shown_markup
 from console.tui.fetched import log_names
 from console.tui.messages import LogFetched, SamplesFetched
 from console.tui.port import ActionPort
@@ -91,7 +92,8 @@ class Controls:
         spec = self.port.fleet.node(node).spec
         snap = self.port.state.nodes[node].snapshot
         live = snap is not None and snap.status in ("running", "paused", "draining", "starting")
-        detail = (f"A run is live on {node} ({snap.run}, {snap.status}); launch resumes it."
+        detail = (f"A run is live on {node} ({shown_markup(snap.run)}, "
+                  f"{shown_markup(snap.status)}); launch resumes it."
                   if live and snap is not None else
                   f"Starts the supervisor, the servers and the job of "
                   f"{spec or 'the run directory'}.")

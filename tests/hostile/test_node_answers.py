@@ -240,3 +240,31 @@ def test_the_hostile_node_fixture_can_fail(node: HostileNode) -> None:
     assert out.code == 0, out.text
     assert (node.pulls / "gen-1" / "fine" / "logs" / "a.log").read_bytes() == data
     assert os.path.isfile(node.pulls / "gen-1" / "fine" / ".fleetdeck" / "manifest.json")
+
+
+async def test_the_tui_shows_hostile_names_escaped_and_keeps_running(sshd: SshServer,
+                                                                   tmp_path: Path) -> None:
+    """A snapshot whose run name, status and alert hold terminal escapes and Textual markup
+    (`[/]` closes nothing and made the TUI die with a MarkupError; `[@click=app.quit]` is an
+    action): the fleet screen and the alert toast show them escaped, and the TUI goes on."""
+    from console.fleet import load_fleet
+    from console.tui.app import FleetdeckApp
+    from tests.console.conftest import until
+    from tests.console.screen import Recorder, screen_text
+
+    node = FakeNode(sshd, tmp_path, tmp_path / "pulls")
+    run = "r[/]" + ESCAPES + "[@click=app.quit]q"
+    snap = snapshot(run=run, status="running[/]", alerts=[
+        {"code": "odd[/]", "severity": "critical", "message": "m[/]" + ESCAPES, "since": 0.0}])
+    node.answer({"subscribe": snap, "status": snap})
+    rec = Recorder()
+    app = FleetdeckApp(load_fleet(node.fleet))
+    async with app.run_test(size=(180, 50), message_hook=rec) as pilot:
+        await until(pilot, lambda: app.state.nodes["gen-1"].snapshot is not None, 60,
+                    "the hostile snapshot")
+        await until(pilot, lambda: rec.has("m\\[/]\\x1b]0;pwned"), 20, "the alert, escaped")
+        await until(pilot, lambda: "r[/]\\x1b]0;pwned\\x07" in screen_text(app), 20,
+                    "the run name, escaped, on the fleet screen")
+        shown = screen_text(app)
+        assert not any(ch in shown for ch in ("\x1b", "\x07", "\x9b", "\r")), repr(shown)
+        assert app.is_running

@@ -21,6 +21,7 @@ from console.artifacts.decommission import Checklist, checklist, pull_node
 from console.artifacts.pull import PullProgress
 from console.artifacts.sources import PullError
 from console.fleet import Node
+from console.sanitize import shown_markup
 from console.transport import AgentLink
 from console.tui.widgets import figures as f
 from console.tui.widgets.keys import key_for
@@ -73,9 +74,9 @@ class DecommissionScreen(ModalScreen[None]):
         for item in result.items:
             mark = "✓" if item.ok else "✗"
             lines.append(f"[{'$success' if item.ok else '$error'}]{mark} {item.name}[/]: "
-                         f"{item.detail}")
+                         f"{shown_markup(item.detail)}")
             for m in item.missing[:8]:
-                lines.append(f"      - {m}")
+                lines.append(f"      - {shown_markup(m)}")
             if len(item.missing) > 8:
                 lines.append(f"      ... and {len(item.missing) - 8} more")
         self.query_one("#items", Static).update("\n".join(lines))
@@ -93,7 +94,7 @@ class DecommissionScreen(ModalScreen[None]):
             f"{f.size(p.bytes_total)}, {f.size(int(p.rate))}/s, ETA {_eta(p)}")
 
     def _error(self, text: str) -> None:
-        self.query_one("#items", Static).update(f"[$error]{text}[/]")
+        self.query_one("#items", Static).update(f"[$error]{shown_markup(text)}[/]")
         self.query_one("#verdict", Label).update("")
 
     @work(exclusive=True, group="decommission", exit_on_error=False)
@@ -129,15 +130,15 @@ class DecommissionScreen(ModalScreen[None]):
             report = await pull_node(link, self.node_spec, self.pull_dir,
                                      on_progress=self.show_progress)
         except RpcError as exc:
-            label.update(f"pull refused: {exc.message}")
+            label.update(shown_markup(f"pull refused: {exc.message}"))
             return
         except (PullError, ConnectionError, TimeoutError, OSError) as exc:
-            label.update(f"pull failed: {exc}")
+            label.update(shown_markup(f"pull failed: {exc}"))
             return
         done = (f"pulled: {len(report.copied)} copied, {len(report.skipped)} already here, "
                 f"{f.size(report.bytes_transferred)} transferred")
         if report.failed:
-            done += f"; {len(report.failed)} failed ({next(iter(report.failed))})"
+            done += f"; {len(report.failed)} failed ({shown_markup(next(iter(report.failed)))})"
         label.update(done)
         await self._check()
 

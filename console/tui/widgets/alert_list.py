@@ -10,6 +10,7 @@ from textual.theme import Theme
 from textual.widgets import Static
 
 from agents.rundir.schema import Alert
+from console.sanitize import shown
 from console.tui.widgets import figures as f
 from console.tui.widgets.tones import style
 
@@ -29,7 +30,7 @@ def alert_lines(alerts: list[tuple[str, Alert]], now: float, theme: Theme,
         text.append(f"{a.severity:<8} ", style=style(theme, tone))
         if node:
             text.append(f"{node} ", style="bold")
-        text.append(a.message)
+        text.append(shown(a.message))
         if a.actions and keys is not None:
             text.append("  ")
             for j, action in enumerate(a.actions):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.theme import Theme
 
+from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
 from console.tui.widgets.live_table import LiveTable, Row
@@ -58,7 +59,7 @@ def fleet_row(ns: NodeState, now: float, theme: Theme) -> Row:
     crit = any(a.severity == "critical" for a in snap.alerts)
     alerts = Text(str(len(snap.alerts)), style=style(theme, "bad" if crit else "warn")) \
         if snap.alerts else Text("0", style="dim")
-    return (name, role, Text(snap.run, style=dim), status_cell, Text(progress, style=dim),
+    return (name, role, Text(shown(snap.run), style=dim), status_cell, Text(progress, style=dim),
             Text(rate, style=dim), Text(eta, style=dim), Text(failed, style=dim), alerts,
             contact(ns, now, theme))
 

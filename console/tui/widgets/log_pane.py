@@ -8,6 +8,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Log
 
+from console.sanitize import shown, shown_markup
+
 
 class LogPane(Vertical):
     def __init__(self, key: str, **kwargs: Any) -> None:
@@ -21,10 +23,11 @@ class LogPane(Vertical):
         yield Log(id="log", max_lines=5000, auto_scroll=True)
 
     def show(self, name: str, path: str, lines: list[str]) -> None:
-        self.query_one("#log-title", Label).update(f"{name}  ({path}, last {len(lines)} lines)")
+        self.query_one("#log-title", Label).update(
+            shown_markup(f"{name}  ({path}, last {len(lines)} lines)"))
         log = self.query_one("#log", Log)
         log.clear()
-        log.write_lines(lines)
+        log.write_lines([shown(line, keep_tabs=True) for line in lines])  # escapes shown
 
     @property
     def lines(self) -> list[str]:

@@ -15,6 +15,7 @@ from textual.widgets import ProgressBar, Static
 
 from agents.rundir.schema import Cost, Progress, Snapshot
 from console.linkstate import LinkState
+from console.sanitize import shown
 from console.tui.widgets import figures as f
 from console.tui.widgets.tones import RUN_TONE, style, toned
 
@@ -26,7 +27,7 @@ def latest_errors(snap: Snapshot, n: int = 3) -> list[str]:
     for s in snap.servers:
         if s.last_error:
             where = f"GPU {s.gpu}" if s.gpu is not None else f"server {s.number}"
-            out.append(f"{where}: {s.last_error}")
+            out.append(f"{where}: {shown(s.last_error)}")
     return out[:n]
 
 
@@ -125,8 +126,8 @@ def error_lines(snap: Snapshot, theme: Theme) -> Text | None:
 
 def headline(snap: Snapshot, theme: Theme, age: float | None, link: LinkState) -> Text:
     text = Text()
-    text.append(f"{snap.run}  ", style="bold")
-    text.append(snap.status, style=style(theme, RUN_TONE.get(snap.status)))
+    text.append(f"{shown(snap.run)}  ", style="bold")
+    text.append(shown(snap.status), style=style(theme, RUN_TONE.get(snap.status)))
     if snap.source == "disk":
         text.append("  (from the run directory: no supervisor)", style=style(theme, "warn"))
     p = snap.progress
@@ -169,7 +170,7 @@ class RunPanel(Vertical):
         if errors is not None:
             body.append(errors)
         if snap.message:
-            body.append(Text(snap.message, style=style(theme, "warn")))
+            body.append(Text(shown(snap.message), style=style(theme, "warn")))
         if error and link != "connected":
-            body.append(Text(error, style=style(theme, "bad")))
+            body.append(Text(shown(error), style=style(theme, "bad")))
         grid.update(Group(*body))

@@ -14,6 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from console.sanitize import shown
 from console.tui.widgets import figures as f
 
 
@@ -33,8 +34,9 @@ def sample_text(s: dict[str, Any]) -> Group:
     body = Table.grid(padding=(0, 1))
     body.add_column(width=9, style="bold")  # wrapped text stays in its own column
     body.add_column(ratio=1)
-    reasoning = (s.get("reasoning_head") or "").strip()
-    content = (s.get("content_head") or "").strip()
+    # A model's text, from the node: its control characters shown escaped.
+    reasoning = shown((s.get("reasoning_head") or "").strip(), multiline=True)
+    content = shown((s.get("content_head") or "").strip(), multiline=True)
     if reasoning:
         body.add_row("thinking", Text(reasoning, style="dim italic"))
     if content:

@@ -15,6 +15,7 @@ from textual.widgets import ProgressBar, Static
 
 from agents.rundir.schema import GpuStats, Snapshot, TrainProgress
 from console.linkstate import LinkState
+from console.sanitize import shown
 from console.tui.widgets import figures as f
 from console.tui.widgets.live_table import LiveTable, Row
 from console.tui.widgets.run_panel import headline
@@ -141,7 +142,7 @@ class TrainPanel(Vertical):
         body: list[RenderableType] = [train_grid(t, theme, stale)]
         message = (t.message if t is not None else None) or snap.message
         if message:
-            body.append(Text(message, style=style(theme, "warn")))
+            body.append(Text(shown(message), style=style(theme, "warn")))
         self.query_one("#train-grid", Static).update(Group(*body))
         chart: RenderableType = Text("accuracy per block position: not measured yet",
                                      style="dim")
