@@ -204,7 +204,8 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         cache, only the new context's); noise_embedding [b, Q, H]: the embedded block;
         target_hidden [b, C, K*H]: the concatenated target features of the (new) context;
         attention_mask: None, a bool [b, 1, Q, C+Q] (True = may attend) or a flex BlockMask;
-        past_key_values: a DraftCache or transformers DynamicCache.
+        past_key_values: a DraftCache or transformers DynamicCache, used whenever given
+        (`use_cache` and other keywords are accepted for z-lab's calls).
         """
         if noise_embedding is None or target_hidden is None:
             raise ValueError("DFlashDraftModel needs noise_embedding and target_hidden")

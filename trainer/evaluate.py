@@ -3,7 +3,9 @@
 The prompts are the held-out samples' own prompts (the tokens before the generated turn).
 For each: speculative decoding with the checkpoint's drafter, and the target's plain greedy
 decoding; tau, tokens/s of both, and whether the outputs are equal (a difference is allowed
-only where the target's two top logits were nearly tied; those are counted).
+only where the target's two top logits were nearly tied; those are counted). The checkpoint
+is checked against the target's config first (exit 2 naming the problem), and the report is
+kept beside it as `evaluation.json`, where `export` finds the tau.
 """
 
 from __future__ import annotations
