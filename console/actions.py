@@ -34,6 +34,9 @@ ACTIONS: tuple[Action, ...] = (
     Action("retry", "R", "Retry", "re-queue failed or truncated indices"),
     Action("restart_server", "x", "Restart server", "restart the selected server",
            dangerous=True),
+    Action("export", "e", "Export drafter",
+           "write the bf16 folder SGLang serves as the DFLASH draft (RUN_DIR/export; pull "
+           "takes it)"),
     Action("logs", "l", "Logs", "tail a log of the run"),
     Action("samples", "S", "Samples", "read the latest completions"),
     Action("pull", "u", "Pull", "copy the run's artifacts here over SFTP", rpc=False),

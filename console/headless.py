@@ -166,6 +166,7 @@ VERB_PARAMS: dict[str, Any] = {
     "logs": lambda a: {"name": a.name, "n": a.n},
     "samples": lambda a: {"n": a.n},
     "verify": lambda a: {},
+    "export": lambda a: {"checkpoint": a.checkpoint},
     "launch": lambda a: {"spec": a.spec} if a.spec else {},
 }
 
@@ -254,6 +255,9 @@ def add_verbs(sub: Any) -> None:
     p = verb("samples", "samples", "the latest completions")
     p.add_argument("-n", type=int, default=5)
     verb("verify", "verify", "check S3 and the counts on the node")
+    p = verb("export", "export", "a training node: write the drafter's serving folder "
+             "(RUN_DIR/export) as a job; its log is `logs NODE export`")
+    p.add_argument("--checkpoint", choices=["best", "latest"], default="best")
 
 
 def run_async(coro: Any) -> int:

@@ -20,6 +20,7 @@ from agents.rundir.browse import OutsideRunDir, history, log_path, recent_sample
 from agents.rundir.control import ControlError, parse_resize_value, update_control
 from agents.rundir.control import resize as control_resize
 from agents.rundir.schema import Control
+from agents.supervise.export_job import ExportRefused, start_export
 
 MAX_LOG_LINES = 5000
 
@@ -122,7 +123,16 @@ class ControlMethods:
                 raise RpcError(REFUSED, str(exc)) from None
             return msgspec.to_builtins(report)
 
-        return {"pause": pause, "unpause": unpause, "resize": resize, "max_tokens": max_tokens,
+        async def export(p: dict[str, Any]) -> Any:
+            checkpoint = p.get("checkpoint", "best")
+            try:
+                return await asyncio.to_thread(start_export, self.run_dir, str(checkpoint),
+                                               p.get("who"))
+            except ExportRefused as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+
+        return {"export": export, "pause": pause, "unpause": unpause, "resize": resize,
+                "max_tokens": max_tokens,
                 "retry": retry, "logs": logs, "samples": samples, "history": history_,
                 "manifest": manifest, "verify": verify}
 

@@ -220,6 +220,17 @@ class Controls:
 
     # -- looking ----------------------------------------------------------------------------
 
+    async def export(self, node: str) -> None:
+        snap = self.port.state.nodes[node].snapshot
+        if snap is not None and snap.kind != "train":
+            self.port.report(node, "export: only a training node has a drafter to export",
+                             ok=False)
+            return
+        reply = await self.call(node, "export", {"checkpoint": "best"})
+        if isinstance(reply, dict):
+            self.port.report(node, f"export started (pid {reply.get('started')}): the serving "
+                             f"folder goes to RUN_DIR/export; its log is '{reply.get('log')}'")
+
     async def logs(self, node: str) -> None:
         screen = await self.port.show_node(node)
         name = self._log_name(node, screen)
