@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import shlex
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ import asyncssh
 
 from agents import __version__
 from console.fleet import Fleet, Node
+from console.sanitize import shown
 from console.transport import AgentLink, Unreachable, ssh_connect
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -160,16 +162,18 @@ async def cmd_bootstrap(fleet: Fleet, args: argparse.Namespace) -> int:
         with wheel_to_install(getattr(args, "wheel", None)) as wheel:
             version = await bootstrap(node, wheel)
     except (BootstrapError, Unreachable) as exc:
-        print(f"fleetdeck bootstrap: {exc}", file=sys.stderr)
+        print(f"fleetdeck bootstrap: {shown(exc, multiline=True)}", file=sys.stderr)
         return 3 if isinstance(exc, Unreachable) else 2 if isinstance(exc, NoWheel) else 1
-    print(f"{node.name}: {version}", file=sys.stderr)
+    print(f"{node.name}: {shown(version)}", file=sys.stderr)
     link = AgentLink(node)
     try:
         hello = await link.connect()
     except Unreachable as exc:
-        print(f"fleetdeck bootstrap: installed, but hello failed: {exc}", file=sys.stderr)
+        print(f"fleetdeck bootstrap: installed, but hello failed: {shown(exc)}",
+              file=sys.stderr)
         return 1
     finally:
         await link.close()
-    print(f'{{"node": "{node.name}", "agent_version": "{hello["agent_version"]}"}}')
+    # JSON written by json (the version is the node's word: quoted and escaped, not pasted).
+    print(json.dumps({"node": node.name, "agent_version": hello.get("agent_version")}))
     return 0
