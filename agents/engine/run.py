@@ -433,7 +433,10 @@ class Engine:
             median = self.pace.median_latency()
             await asyncio.sleep(min(max((median or 1.0) / 8, 0.01), 0.5))
             if self.gen.hedge and self.tail:
-                self.hedger.hedge(self._jobs.values())
+                try:
+                    self.hedger.hedge(self._jobs.values())
+                except Exception:  # a bug here must not end hedging unseen, nor the run
+                    log.exception("hedging failed; the run goes on without this round")
 
     def server_figures(self, number: int, gen_throughput: float | None,
                        running: int | None) -> None:
