@@ -232,9 +232,11 @@ class KneeFinder:
             self._then, self.phase, self._asked_at = self.phase, "waiting", now
             return self.level
         w = self._window
-        if w is None:
+        if w is None or (in_flight > self.level and not w.tokens):
+            # After a step down the requests sent before it drain first: the server runs
+            # above the level until they do, so the window opens once they have.
             w = self._window = _Window(self.level, now, last=now)
-        w.busy += in_flight * max(0.0, now - w.last)
+        w.busy += min(in_flight, self.level) * max(0.0, now - w.last)
         w.last = now
         return self._maybe_measured(w, now)
 

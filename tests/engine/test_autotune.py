@@ -110,6 +110,28 @@ def test_restart_and_reprobe_find_a_moved_knee() -> None:
     assert finder.note is not None and "restarted" in finder.note
 
 
+def test_a_reprobe_with_nothing_changed_comes_back_to_the_same_level() -> None:
+    # Settled at the knee, it probes again (up, which loses; then down, which loses more)
+    # and returns. A step down must be measured after the requests sent before it drained:
+    # until then the server runs above the new level, which would flatter the lower level.
+    gpu = SimGpu(["--knee", "24", "--best-concurrency", "24", "--max-running-requests", "64"])
+    settings = TuneSettings(reprobe_s=300.0)
+    finder = KneeFinder(4, 64, gpu.now, settings)
+    first = tune(gpu, finder)
+    assert first.settled is not None
+    asked: list[int] = []
+    t0 = gpu.now
+    while gpu.now - t0 < settings.reprobe_s + 120:
+        for started, tokens, latency in gpu.step():
+            finder.answer(started, tokens, latency)
+        want = finder.tick(gpu.now, len(gpu.in_flight), gpu.level, True)
+        if want is not None:
+            gpu.level = want
+            asked.append(want)
+    assert max(asked) > first.settled > min(asked), asked  # it probed both ways
+    assert finder.phase == "settled" and finder.level == first.settled, (asked, finder.note)
+
+
 def test_reported_cap_reads_both_server_info_shapes() -> None:
     assert reported_cap({"internal_states": [{"effective_max_running_requests_per_dp": 24},
                                              {"effective_max_running_requests_per_dp": 24}],
