@@ -88,7 +88,7 @@ async def _status_once(fleet: Fleet, nodes: list[Node], accept_new: bool
     return list(await asyncio.gather(*(one(n) for n in nodes)))
 
 
-def _human(entry: NodeStatus) -> str:
+def _human(entry: NodeStatus, node: Node | None = None) -> str:
     snap = entry.snapshot
     # Names and messages from the node are shown escaped (console/sanitize.py).
     if entry.unreadable is not None:
@@ -101,6 +101,14 @@ def _human(entry: NodeStatus) -> str:
         eta = p.eta_hours
         line += (f"  {p.completed}/{p.total} done, {p.failed} failed, "
                  f"{p.rate_per_sec:.2f}/s, ETA {'?' if eta is None else f'{eta:.2f} h'}")
+        if eta and p.eta_p10_hours is not None:
+            slow = "?" if p.eta_p90_hours is None else f"{p.eta_p90_hours:.2f}"
+            line += f" (p10-p90 {p.eta_p10_hours:.2f}-{slow} h)"
+        cost = node.run_cost(p) if node is not None else p.cost
+        if cost is not None:
+            line += f", ${cost.usd:,.2f} so far"
+            if cost.projected_usd is not None:
+                line += f" (~${cost.projected_usd:,.2f} at the end)"
     t = snap.train
     if t is not None:
         line += f"  step {t.step}/{t.total_steps} loss {t.loss}"
@@ -108,6 +116,8 @@ def _human(entry: NodeStatus) -> str:
         line += "\n" + server_line(s)
     for a in snap.alerts:
         line += f"\n  ALERT {shown(a.severity)}: {shown(a.message)}"
+        if a.actions:
+            line += f" [{', '.join(shown(x) for x in a.actions)}]"
     return line
 
 
@@ -141,7 +151,7 @@ async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
                   flush=True)
         else:
             for e in entries:
-                print(_human(e), flush=True)
+                print(_human(e, fleet.node(e.node)), flush=True)
         if args.exit_on_alert and _alerting(entries):
             return EXIT_CHECK
         if not args.watch:

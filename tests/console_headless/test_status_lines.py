@@ -1,0 +1,23 @@
+"""`fleetdeck status` without --json: one line a node with the ETA's p10-p90 band and the
+money (at the fleet file's price when it sets one), and an alert's actions by id."""
+
+from __future__ import annotations
+
+from console.fleet import Node
+from console.headless import NodeStatus, _human
+from tests.console import data as d
+
+
+def test_the_status_line_has_the_band_the_cost_and_the_actions() -> None:
+    snap = d.generate_snapshot(alerts=[{
+        "code": "idle", "severity": "warning", "since": d.NOW - 1800,
+        "message": "GPUs idle on gpu-box-7 — pull and decommission",
+        "actions": ["pull", "decommission"]}])
+    entry = NodeStatus.answered("gen-1", snap)
+    line = _human(entry, Node(name="gen-1", run_dir="/r", host="h"))
+    assert "ETA 8.94 h (p10-p90 7.81-10.62 h), $151.89 so far (~$307.72 at the end)" in line
+    assert "ALERT warning: GPUs idle on gpu-box-7 — pull and decommission [pull, decommission]" \
+        in line
+    # The fleet file's price for this node: 61 GPU-h x $4 = $244; projected + 7 x 8.94 h x $4.
+    priced = _human(entry, Node(name="gen-1", run_dir="/r", host="h", cost_per_gpu_hour=4.0))
+    assert "$244.00 so far (~$494.32 at the end)" in priced
