@@ -4,6 +4,7 @@ progress.json."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,27 @@ def test_progress_json_carries_band_and_cost(tmp_path: Path, sims: Any) -> None:
         assert p["eta_p10_hours"] == p["eta_p90_hours"] == 0.0
     finally:
         engine.kill()
+
+
+def test_spec_keys_for_cost_idle_and_auto(tmp_path: Path) -> None:
+    from agents.rundir.spec import SpecError, load_spec
+    from tests.engine.runs import write_prompts, write_spec
+
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 3)
+    spec = write_spec(tmp_path / "run.toml", prompts, ["http://127.0.0.1:1"],
+                      concurrency_per_server="auto")
+    text = spec.read_text()
+    loaded = load_spec(spec)
+    assert loaded.generate is not None and loaded.generate.auto_concurrency
+    assert loaded.generate.initial_concurrency == 4 and loaded.run.cost_per_gpu_hour is None
+    assert loaded.alerts.idle_alert_s == 900.0
+    for edit, where in (
+            (('name = "test-run"', 'name = "test-run"\ncost_per_gpu_hour = -2.5'),
+             "[run] cost_per_gpu_hour: must not be negative"),
+            (('"auto"', '"fast"'), "[generate] concurrency_per_server"),
+            (("[generate]", "[alerts]\nidle_alert_s = 0\n[generate]"),
+             "[alerts] idle_alert_s: must be positive")):
+        spec.write_text(text.replace(*edit))
+        with pytest.raises(SpecError, match=re.escape(where)):
+            load_spec(spec)
