@@ -21,3 +21,17 @@ def test_the_status_line_has_the_band_the_cost_and_the_actions() -> None:
     # The fleet file's price for this node: 61 GPU-h x $4 = $244; projected + 7 x 8.94 h x $4.
     priced = _human(entry, Node(name="gen-1", run_dir="/r", host="h", cost_per_gpu_hour=4.0))
     assert "$244.00 so far (~$494.32 at the end)" in priced
+
+
+def test_resize_takes_auto_or_a_number() -> None:
+    import pytest
+
+    from console.cli import build_parser
+    from console.headless import VERB_PARAMS
+
+    parser = build_parser()
+    for value, sent in (("auto", "auto"), ("12", 12)):
+        args = parser.parse_args(["resize", "gen-1", value, "--server", "2"])
+        assert VERB_PARAMS["resize"](args) == {"value": sent, "server": 2}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["resize", "gen-1", "fast"])
