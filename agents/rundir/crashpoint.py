@@ -2,7 +2,9 @@
 
 FLEETDECK_CRASH_AT=name[:n] SIGKILLs this process at the n-th pass of crash point `name`.
 Names: lines_written (written, not fsynced), lines_fsynced (fsynced, indices not recorded),
-batch_close (renamed, directory not fsynced), upload (object put, not yet confirmed).
+batch_close (renamed, directory not fsynced), upload (object put, not yet confirmed),
+hedge_sent (a second copy of a request sent), hedge_won (the first answer of a hedged request
+kept, the others not yet aborted).
 
 FLEETDECK_FAIL_AT=name[:n] makes a write fail from the n-th pass of fault point `name` on, as a
 full disk does: with FLEETDECK_FAIL_BYTES=k the first failing write gets k bytes onto the file

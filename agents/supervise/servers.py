@@ -96,11 +96,13 @@ class ManagedServer:
 
 class ServerSet:
     def __init__(self, spec: RunSpec, run_dir: Path,
-                 on_state: Callable[[ManagedServer], None] | None = None) -> None:
+                 on_state: Callable[[ManagedServer], None] | None = None,
+                 on_figures: Callable[[ManagedServer], None] | None = None) -> None:
         self.spec = spec
         self.cfg = spec.servers
         self.run_dir = run_dir
         self.on_state = on_state
+        self.on_figures = on_figures
         gpus = self.cfg.gpus or []
         self.servers = [ManagedServer(number=i, gpu=g, port=self.cfg.base_port + i)
                         for i, g in enumerate(gpus)]
@@ -327,6 +329,8 @@ class ServerSet:
             reader = await asyncio.to_thread(tail.poll)
             server.figures = server_figures(info, metrics, reader.combined(), reader.startup)
             server.metrics_at = time.time()
+            if self.on_figures is not None:
+                self.on_figures(server)
 
     async def _server_info(self, server: ManagedServer, paths: list[str]) -> ServerInfo | None:
         """The server-info body from the path that answered last; on a 404 the other path is

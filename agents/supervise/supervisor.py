@@ -131,7 +131,8 @@ class Supervisor:
     async def _start_servers(self) -> None:
         if not self.spec.servers.gpus:
             return
-        self.servers = ServerSet(self.spec, self.run_dir, on_state=self._server_state)
+        self.servers = ServerSet(self.spec, self.run_dir, on_state=self._server_state,
+                                 on_figures=self._server_figures)
         await self.servers.adopt_or_launch()
         self.servers.start()
         timeout = self.spec.servers.startup_timeout_s
@@ -143,6 +144,12 @@ class Supervisor:
         if self.engine is not None and self.engine_task is not None:
             self.engine.set_server_state(server.number,
                                          server.state in ("healthy", "degraded"))
+
+    def _server_figures(self, server: ManagedServer) -> None:
+        """SGLang's own pace reaches the engine's deadlines before a server has answered."""
+        if self.engine is not None:
+            f = server.figures
+            self.engine.server_figures(server.number, f.gen_throughput, f.running_reqs)
 
     async def start_job(self) -> None:
         if self.job_running():
