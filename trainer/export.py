@@ -100,6 +100,9 @@ def _readme(report: ExportReport, drafter: DFlashDraftModel, facts: TargetFacts,
     else:
         tau = (f"not measured: run `fleetdeck-train evaluate RUN.toml --checkpoint "
                f"{report.checkpoint}`, then export again")
+    layers = f"{cfg.num_hidden_layers} Qwen3 layer" + ("s" if cfg.num_hidden_layers != 1 else "")
+    # A table cell: the token's own pipes must not split it.
+    mask = _mask_line(report, facts).replace("|", "\\|")
     a = report.sglang_args
     command = " \\\n    ".join([" ".join(a[:3]), *(f"{a[i]} {a[i + 1]}"
                                                    for i in range(3, len(a), 2))])
@@ -111,9 +114,9 @@ Exported by `fleetdeck-train export` from `{report.checkpoint}` (step {report.st
 |---|---|
 | tau | {tau} |
 | block size | {report.block_size} |
-| drafter | {cfg.num_hidden_layers} Qwen3 layers, width {cfg.hidden_size}, {params:,} weights |
+| drafter | {layers}, width {cfg.hidden_size}, {params:,} weights |
 | target features | layers {report.target_layer_ids} of {facts.num_layers} (hidden_states[i+1]) |
-| mask token | {_mask_line(report, facts)} |
+| mask token | {mask} |
 
 ## Serve it with SGLang
 
