@@ -34,6 +34,8 @@ def read_control(run_dir: Path) -> Control | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as exc:  # a folder, unreadable: named, never a traceback
+        raise ControlError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         return control_decoder.decode(data)
     except msgspec.DecodeError as exc:
