@@ -138,7 +138,7 @@ def test_retry_truncated_after_max_tokens_raise(tmp_path: Path, sims) -> None:
 
 
 def test_retry_truncated_while_running_writes_no_line_twice(tmp_path: Path, sims) -> None:
-    sim = sims("--truncation-share", "0.3", "--time-scale", "0.05")
+    sim = sims("--answer-median", "300", "--time-scale", "0.05")
     prompts = tmp_path / "prompts.jsonl"
     write_prompts(prompts, 1500)
     spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], max_tokens=64, batch_size=40,
