@@ -70,6 +70,9 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     server_failures_to_down: int = 3
     drain_timeout_s: float = 300.0
     max_concurrency: int = 1024
+    # A prompt line longer than this (bytes, newline not counted) is bad_input, never read
+    # whole.
+    max_prompt_bytes: int = 16 << 20
     # Request deadlines: a request running past deadline_factor x the time its server's recent
     # pace gives its max_tokens (never under min_deadline_s, never over request_timeout_s) is
     # aborted and sent again elsewhere, against `retries`. 0 turns deadlines off.
@@ -89,9 +92,6 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
         if isinstance(self.concurrency_per_server, int):
             return self.concurrency_per_server
         return min(AUTO_START, self.max_concurrency)
-    # A prompt line longer than this (bytes, newline not counted) is bad_input, never read
-    # whole.
-    max_prompt_bytes: int = 16 << 20
 
 
 class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
