@@ -241,6 +241,9 @@ def _check(spec: RunSpec, path: Path) -> None:
     def fail(key: str, reason: str) -> None:
         raise SpecError(f"{path}: {key}: {reason}")
 
+    name_bad = name_problem(spec.run.name)
+    if name_bad is not None:
+        fail("[run] name", f"{spec.run.name!r} {name_bad}")
     _check_servers(spec.servers, fail)
     _check_ranges(spec, fail)
     if spec.run.kind == "generate":
@@ -284,9 +287,6 @@ def _check(spec: RunSpec, path: Path) -> None:
         prompts = spec.prompts_path
         if not prompts.is_file():
             fail("[generate] prompts", f"no such file: {prompts}")
-    name_bad = name_problem(spec.run.name)
-    if name_bad is not None:
-        fail("[run] name", f"{spec.run.name!r} {name_bad}")
     if spec.run.kind == "train":
         if spec.train is None:
             fail("[train]", "missing (required for kind = \"train\")")
