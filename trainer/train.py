@@ -30,7 +30,6 @@ from trainer import checkpoint as ckpt
 from trainer import distributed
 from trainer.blocks import (
     ANCHOR_RULES,
-    DEFAULT_ANCHOR_RULE,
     AnchorRule,
     default_gamma,
     position_weights,
@@ -88,7 +87,7 @@ def warmup_cosine(total: int, warmup_ratio: float) -> Callable[[int], float]:
 def anchor_rule(cfg: TrainSection) -> AnchorRule:
     """`[train] anchor_rule` ("supervised_next", the default, or "whole_block": the old rule,
     room for a whole block after the anchor)."""
-    rule = getattr(cfg, "anchor_rule", DEFAULT_ANCHOR_RULE)
+    rule = cfg.anchor_rule
     if rule not in ANCHOR_RULES:
         raise TrainInputError(f"[train] anchor_rule: {rule!r}, expected one of "
                               + ", ".join(ANCHOR_RULES))

@@ -151,6 +151,10 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     batch_size: int = 4
     grad_accum: int = 1
     anchors: int = 512
+    # Where an anchor may sit: on any supervised token whose next token is supervised too
+    # (SpecForge's rule; the block's part past the answer's end carries no loss), or only
+    # where a whole block fits ("whole_block", the old rule).
+    anchor_rule: Literal["supervised_next", "whole_block"] = "supervised_next"
     gamma: float | None = None
     clip: float = 1.0
     weight_decay: float = 0.0
@@ -543,3 +547,4 @@ def _read_text(path: Path) -> str:
         return data.decode()
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text: {exc}") from None
+

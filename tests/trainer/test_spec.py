@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -81,11 +80,14 @@ def test_layer_ids_and_mask_token_checked_against_the_target(random_world: World
         choose_mask_token(mapped + 1, tok, rows)
 
 
-def test_anchor_rule_key_defaults_to_supervised_next(tmp_path: Path) -> None:
-    from trainer.train import TrainInputError, anchor_rule
+def test_anchor_rule_key_defaults_to_supervised_next_and_is_checked_at_load(
+        tmp_path: Path) -> None:
+    from trainer.train import anchor_rule
 
     _, cfg = load_train_spec(spec(tmp_path, '[train]\ndata = "d"\ntarget = "t"\n'))
     assert anchor_rule(cfg) == "supervised_next"
-    assert anchor_rule(SimpleNamespace(anchor_rule="whole_block")) == "whole_block"  # type: ignore[arg-type]
-    with pytest.raises(TrainInputError, match=r"\[train\] anchor_rule: 'late'"):
-        anchor_rule(SimpleNamespace(anchor_rule="late"))  # type: ignore[arg-type]
+    _, old = load_train_spec(spec(tmp_path, '[train]\ndata = "d"\ntarget = "t"\n'
+                                            'anchor_rule = "whole_block"\n'))
+    assert anchor_rule(old) == "whole_block"
+    with pytest.raises(SpecError, match="anchor_rule"):
+        load_spec(spec(tmp_path, '[train]\ndata = "d"\ntarget = "t"\nanchor_rule = "late"\n'))
