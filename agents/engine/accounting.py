@@ -24,6 +24,15 @@ class Totals:
     retried: int = 0
     lines: int = 0
     gpu_hours: float = 0.0
+    answers_by_limit: dict[str, int] = field(default_factory=dict)
+    truncated_by_limit: dict[str, int] = field(default_factory=dict)
+
+    def count_answer(self, max_tokens: int, truncated: bool) -> None:
+        """One answer written at `max_tokens`: the per-limit counts alerts judge by."""
+        key = str(max_tokens)
+        self.answers_by_limit[key] = self.answers_by_limit.get(key, 0) + 1
+        if truncated:
+            self.truncated_by_limit[key] = self.truncated_by_limit.get(key, 0) + 1
 
     @classmethod
     def from_progress(cls, raw: bytes | None) -> Totals:
@@ -42,6 +51,8 @@ class Totals:
             retried=p.retried,
             lines=p.completed,
             gpu_hours=p.gpu_hours,
+            answers_by_limit=dict(p.answers_by_limit),
+            truncated_by_limit=dict(p.truncated_by_limit),
         )
 
 

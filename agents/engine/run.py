@@ -507,6 +507,7 @@ class Engine:
             if attempt > 1 and reason == "truncated":
                 t.truncated -= 1  # the line it supersedes was truncated
             t.truncated += truncated
+            t.count_answer(line.max_tokens, truncated)
             t.empty += empty
             self.meter.rate.add()
 
@@ -693,6 +694,8 @@ class Engine:
             s3_error=up.last_error if up else None, batches_closed=self._batches_closed,
             message=self.message or self._control_note, tail=self.tail, hedges=self.hedger.sent,
             hedges_won=self.hedges_won, deadline_misses=self.deadline_misses,
+            answers_by_limit=dict(t.answers_by_limit),
+            truncated_by_limit=dict(t.truncated_by_limit),
         ))
 
     def _write_progress(self) -> None:

@@ -212,6 +212,10 @@ class Progress(msgspec.Struct):
     gpus: int = 0
     gpu_hours: float = 0.0
     cost: Cost | None = None
+    # Answers written and those cut at max_tokens, per the max_tokens each ran with (keys
+    # are the limit as text): truncation is judged against the limit an answer ran with.
+    answers_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
+    truncated_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Cost(msgspec.Struct):

@@ -24,6 +24,8 @@ class _Sample:
     truncated: int
     empty: int
     server_completed: dict[str, int]
+    answers_by_limit: dict[str, int]
+    truncated_by_limit: dict[str, int]
 
 
 # What to do about idle GPUs: console actions (console/actions.py), named by id.
@@ -37,6 +39,17 @@ def gpus_held_idle(progress: Progress | None, servers: list[ServerStatus]) -> in
         return 0
     return sum(1 for s in servers
                if s.pid is not None and s.state in ("healthy", "degraded", "starting"))
+
+
+def truncation_at_limit(first: _Sample, progress: Progress) -> tuple[float, int] | None:
+    """The share of answers cut among those that ran with today's max_tokens since `first`,
+    and how many there were; None from an engine that does not count per limit."""
+    if not progress.answers_by_limit:
+        return None
+    key = str(progress.max_tokens)
+    answers = progress.answers_by_limit.get(key, 0) - first.answers_by_limit.get(key, 0)
+    cut = progress.truncated_by_limit.get(key, 0) - first.truncated_by_limit.get(key, 0)
+    return (cut / answers if answers > 0 else 0.0), answers
 
 
 class AlertBook:
@@ -128,7 +141,9 @@ class AlertBook:
             self._note_limit(now, progress.max_tokens)
             self._samples.append(_Sample(now, progress.completed, progress.failed,
                                          progress.truncated, progress.empty,
-                                         {k: v.completed for k, v in progress.servers.items()}))
+                                         {k: v.completed for k, v in progress.servers.items()},
+                                         dict(progress.answers_by_limit),
+                                         dict(progress.truncated_by_limit)))
             prev = self._samples[-2] if len(self._samples) > 1 else None
             if prev is None or progress.completed > prev.completed:
                 self._last_completion.setdefault("run", now)
@@ -159,11 +174,21 @@ class AlertBook:
                           f"{fails / attempts:.1%} of requests failed in the last "
                           f"{self.cfg.window_s / 60:g} min (threshold "
                           f"{self.cfg.failure_rate:.0%})")
-                if done >= self.cfg.min_samples:
+                judged = truncation_at_limit(first, progress)
+                if judged is not None:
+                    # Only answers that ran with today's limit: after a raise, answers cut
+                    # under the old one keep arriving and say nothing of the new limit.
+                    share, answers = judged
+                    if answers >= self.cfg.min_samples and share > self.cfg.truncation_rate:
+                        alert("truncation_rate", "warning",
+                              f"{share:.1%} of the last {answers} answers at max_tokens "
+                              f"{progress.max_tokens} hit it: consider raising max_tokens")
+                elif done >= self.cfg.min_samples:
                     trunc = (progress.truncated - first.truncated) / done
                     if trunc > self.cfg.truncation_rate:
                         alert("truncation_rate", "warning",
                               self._truncation_message(trunc, first.t))
+                if done >= self.cfg.min_samples:
                     empty = (progress.empty - first.empty) / done
                     if empty > self.cfg.empty_rate:
                         alert("empty_rate", "critical",

@@ -136,3 +136,30 @@ def test_truncation_names_the_limit_answers_ran_with_not_only_todays() -> None:
     alerts = book.evaluate(at(8192, 500, 60), [], None, now=250)
     assert next(a.message for a in alerts if a.code == "truncation_rate") == (
         "15.0% of recent answers hit max_tokens 8192: consider raising max_tokens")
+
+
+def test_truncation_is_judged_against_the_limit_each_answer_ran_with() -> None:
+    """From an engine that counts answers per max_tokens: after a raise from 4096 to 8192,
+    late answers cut at 4096 do not raise the alert at 8192; answers cut at 8192 do."""
+    def at(limit: int, by: dict[int, tuple[int, int]]):
+        answers = sum(a for a, _ in by.values())
+        p = progress(answers, truncated=sum(t for _, t in by.values()))
+        p.max_tokens = limit
+        p.answers_by_limit = {str(k): a for k, (a, _) in by.items()}
+        p.truncated_by_limit = {str(k): t for k, (_, t) in by.items()}
+        return p
+
+    book = AlertBook(CFG)
+    book.evaluate(at(4096, {4096: (0, 0)}), [], None, now=0)
+    alerts = book.evaluate(at(4096, {4096: (100, 18)}), [], None, now=30)
+    assert next(a.message for a in alerts if a.code == "truncation_rate") == (
+        "18.0% of the last 100 answers at max_tokens 4096 hit it: consider raising max_tokens")
+    # Raised: 60 late answers cut at 4096 and 100 at 8192 of which 2 cut; 80 cut of 260
+    # overall would be 31%, but at today's limit it is 2%.
+    late = {4096: (160, 78), 8192: (100, 2)}
+    assert "truncation_rate" not in codes(book.evaluate(at(8192, late), [], None, now=59))
+    # Answers at 8192 that are cut do raise it, naming 8192.
+    worse = {4096: (160, 78), 8192: (200, 40)}
+    alerts = book.evaluate(at(8192, worse), [], None, now=80)
+    message = next(a.message for a in alerts if a.code == "truncation_rate")
+    assert "at max_tokens 8192" in message and "4096" not in message

@@ -153,6 +153,11 @@ def test_retry_truncated_while_running_writes_no_line_twice(tmp_path: Path, sims
     assert st.todo == set() and len(st.current) == 1500
     retried = [line for line in st.current.values() if line["attempt"] == 2]
     assert retried and all(line["max_tokens"] == 2048 for line in retried)
+    # Counted per the limit each answer ran with (what the truncation alert judges by).
+    progress = json.loads((run_dir / "progress.json").read_text())
+    assert progress["truncated_by_limit"]["64"] >= 40
+    assert progress["answers_by_limit"]["2048"] >= len(retried)
+    assert progress["truncated_by_limit"].get("2048", 0) < len(retried)
 
 
 def test_a_full_disk_stops_the_engine_cleanly_and_resume_finishes(tmp_path: Path, sims) -> None:
