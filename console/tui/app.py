@@ -64,13 +64,15 @@ FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autot
                 "down", "launch", "pull", "decommission", "theme")
 FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto",
                  "restart_server": "Restart"}
+# Bound and in the palette, but not worth footer room (rare, or one kind of node only).
+FOOTER_HIDDEN = frozenset({"export", "theme"})
 
 
 def action_bindings() -> list[BindingType]:
     order = {a: i for i, a in enumerate(FOOTER_ORDER)}
     ranked = sorted(ACTIONS, key=lambda a: order.get(a.id, len(order)))
     return [Binding(a.key, f"do('{a.id}')", FOOTER_LABELS.get(a.id, a.title), id=a.id,
-                    tooltip=a.description) for a in ranked]
+                    tooltip=a.description, show=a.id not in FOOTER_HIDDEN) for a in ranked]
 
 
 class FleetdeckApp(App[int]):
