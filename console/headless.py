@@ -104,6 +104,8 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
         if eta and p.eta_p10_hours is not None:
             slow = "?" if p.eta_p90_hours is None else f"{p.eta_p90_hours:.2f}"
             line += f" (p10-p90 {p.eta_p10_hours:.2f}-{slow} h)"
+        if p.tail:
+            line += f", tail: {p.hedges} hedged, {p.hedges_won} won by the copy"
         cost = node.run_cost(p) if node is not None else p.cost
         if cost is not None:
             line += f", ${cost.usd:,.2f} so far"

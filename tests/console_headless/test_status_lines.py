@@ -35,3 +35,12 @@ def test_resize_takes_auto_or_a_number() -> None:
         assert VERB_PARAMS["resize"](args) == {"value": sent, "server": 2}
     with pytest.raises(SystemExit):
         parser.parse_args(["resize", "gen-1", "fast"])
+
+
+def test_the_status_line_says_tail_with_the_hedges() -> None:
+    snap = d.generate_snapshot()
+    line = _human(NodeStatus.answered("gen-1", snap), None)
+    assert "tail" not in line
+    snap["progress"].update(tail=True, hedges=12, hedges_won=5)
+    line = _human(NodeStatus.answered("gen-1", snap), None)
+    assert "tail: 12 hedged, 5 won by the copy" in line

@@ -105,6 +105,8 @@ def run_grid(snap: Snapshot, theme: Theme, stale: bool,
                     f" · rev {p.control_rev}", style=dim)
     if p.paused:
         controls.append("  PAUSED", style=style(theme, "warn") + " bold")
+    if p.tail:  # the last requests go out twice to idle servers (hedging)
+        controls.append(f"  TAIL {p.hedges} hedged", style=style(theme, "warn"))
     grid.add_row("Control", controls, "Batches", Text(f"{f.num(p.batches_closed)} closed",
                                                       style=dim))
     return grid
