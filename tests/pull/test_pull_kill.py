@@ -8,6 +8,7 @@ destination that a second one is refused by while the first lives."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -107,7 +108,21 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
              "the killed pull's sftp and ssh to be gone")
     assert part.stat().st_size == held, "something wrote the part after the pull died"
 
-    # The next pull resumes from the part and finishes: the lock died with its holder.
+    # The next pull resumes from the part and finishes: the lock died with its holder (the
+    # kernel drops a flock once the holder's files are closed; wait for that, not a while).
+    lock = node.pulls / "gen-1" / "r" / ".fleetdeck" / "pull.lock"
+
+    def lock_free() -> bool:
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    wait_for(lock_free, 30, "the killed pull's lock to be released")
     third = subprocess.run(pull(node).args, cwd=ROOT, capture_output=True, text=True,
                            timeout=300, env={**os.environ, "FLEETDECK_PULL_DATA_PATH": "openssh"})
     assert third.returncode == 0, third.stderr
