@@ -34,12 +34,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP) system-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test: system-deps $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
