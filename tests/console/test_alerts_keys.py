@@ -67,7 +67,8 @@ async def test_keymap_from_the_fleet_file_and_unknown_ids() -> None:
         assert "p" not in keys
         assert keys["s"].binding.id == "stop"
         assert rec.has("no_such_action")
-        assert "z Pause" in screen_text(app)  # the footer shows the remapped key
+        # The footer shows the remapped key (once it has drawn: a loaded machine is slow).
+        await until(pilot, lambda: "z Pause" in screen_text(app))
 
 
 async def test_theme_from_config_and_cycling() -> None:
