@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +18,9 @@ import pytest
 from textual.theme import Theme
 
 from agents.rundir.schema import ServerStatus
-from agents.supervise.procinfo import alive
 from console.headless import server_line
 from console.tui.widgets.gpu_table import GPU_COLUMNS, gpu_row
-from tests.plugins.supervised import agent, port_block, wait_status
+from tests.plugins.supervised import agent, kill_run, port_block, wait_status
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
 EXPECTED = sorted(p.relative_to(CORPUS).as_posix() for p in CORPUS.rglob("*.expected.json"))
@@ -107,22 +104,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
             180, f"{n} replay servers healthy with their figures read")
     finally:
         agent("down", str(run_dir), "--yes")
-        pids = []
-        try:
-            pids.append(int((run_dir / "supervisor.pid").read_text()))
-        except (FileNotFoundError, ValueError):
-            pass
-        try:
-            pids += [s["pid"] for s in json.loads((run_dir / "servers.json").read_text())
-                     if s.get("pid")]
-        except FileNotFoundError:
-            pass
-        for pid in pids:
-            if alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        kill_run(run_dir)
 
 
 def close(got: Any, want: Any, tol: float) -> bool:

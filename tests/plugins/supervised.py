@@ -66,6 +66,26 @@ def wait_status(run_dir: Path, cond: Callable[[dict[str, Any]], bool], timeout: 
     return seen
 
 
+def kill_run(run_dir: Path) -> None:
+    """SIGKILL what a run left behind: its supervisor and its servers' process groups."""
+    pids = []
+    try:
+        pids.append(int((run_dir / "supervisor.pid").read_text().split()[0]))
+    except (FileNotFoundError, ValueError, IndexError):
+        pass
+    try:
+        pids += [s["pid"] for s in json.loads((run_dir / "servers.json").read_text())
+                 if s.get("pid")]
+    except FileNotFoundError:
+        pass
+    for pid in pids:
+        if alive(pid):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
 class Run:
     def __init__(self, root: Path, spec: Path) -> None:
         self.root = root
@@ -113,18 +133,4 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Run]]:
     for run in runs:
         if (run.run_dir / "supervisor.pid").exists():
             agent("down", str(run.run_dir), "--yes")
-        pids = []
-        try:
-            pids.append(run.supervisor_pid())
-        except (FileNotFoundError, ValueError):
-            pass
-        try:
-            pids += [s["pid"] for s in run.servers() if s.get("pid")]
-        except FileNotFoundError:
-            pass
-        for pid in pids:
-            if alive(pid):
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+        kill_run(run.run_dir)
