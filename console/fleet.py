@@ -16,6 +16,12 @@
     role = "generate"
     spec = "/data/runs/qwen-traces.toml"    # what `launch` starts
     cost_per_gpu_hour = 2.49                # what the console shows, over the run's own
+
+    [[campaigns]]                           # one run across nodes (issue 15)
+    name = "traces-10m"
+    nodes = ["gen-1", "gen-2"]              # shard K/N: K = the position here, N = the count
+    spec = "/data/runs/traces.toml"         # on each node; a node's own `spec` wins
+    rebalance = "off"                       # or "auto"
 """
 
 from __future__ import annotations
@@ -77,9 +83,36 @@ class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True):
     keymap: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+class Campaign(msgspec.Struct, forbid_unknown_fields=True):
+    """One run across nodes: a generation campaign gives node K of N the shard K/N of one
+    prompt set; a training campaign makes them ranks of one torchrun job. Its role is its
+    nodes' (all generate or all train), never written here."""
+
+    name: str
+    nodes: list[str]
+    spec: str | None = None  # the run spec on each node; a node's own `spec` wins
+    rebalance: Literal["off", "auto"] = "off"
+
+    def position(self, node: str) -> int:
+        """K: the node's place in the campaign (its shard K/N, its rank)."""
+        try:
+            return self.nodes.index(node)
+        except ValueError:
+            raise FleetError(f"campaign {self.name!r}: {node!r} is not one of its nodes "
+                             f"({', '.join(self.nodes)})") from None
+
+    def shard(self, node: str) -> str:
+        """`K/N`, as the agent's `launch` takes it."""
+        return f"{self.position(node)}/{len(self.nodes)}"
+
+    def spec_for(self, node: Node) -> str | None:
+        return node.spec or self.spec
+
+
 class Fleet(msgspec.Struct, forbid_unknown_fields=True):
     nodes: list[Node] = msgspec.field(default_factory=list)
     console: ConsoleSettings = msgspec.field(default_factory=ConsoleSettings)
+    campaigns: list[Campaign] = msgspec.field(default_factory=list)
     source: str = ""
 
     def node(self, name: str) -> Node:
@@ -88,6 +121,25 @@ class Fleet(msgspec.Struct, forbid_unknown_fields=True):
                 return n
         names = ", ".join(n.name for n in self.nodes) or "none"
         raise FleetError(f"{self.source or 'fleet'}: no node named {name!r} (nodes: {names})")
+
+    def campaign(self, name: str) -> Campaign:
+        for c in self.campaigns:
+            if c.name == name:
+                return c
+        names = ", ".join(c.name for c in self.campaigns) or "none"
+        raise FleetError(f"{self.source or 'fleet'}: no campaign named {name!r} "
+                         f"(campaigns: {names})")
+
+    def has_campaign(self, name: str) -> bool:
+        return any(c.name == name for c in self.campaigns)
+
+    def campaign_of(self, node: str) -> Campaign | None:
+        """The campaign the node belongs to (a node is in one at most)."""
+        return next((c for c in self.campaigns if node in c.nodes), None)
+
+    def campaign_role(self, campaign: Campaign) -> Literal["generate", "train"]:
+        """generate or train: every node of a campaign has the same role (checked at load)."""
+        return self.node(campaign.nodes[0]).role
 
     @property
     def pull_dir(self) -> Path:
@@ -102,10 +154,10 @@ def default_fleet_path() -> Path:
 def _where(msg: str) -> str:
     def repl(m: re.Match[str]) -> str:
         path = m.group(1)
-        node = re.match(r"\.nodes\[(\d+)\](.*)", path)
+        node = re.match(r"\.(nodes|campaigns)\[(\d+)\](.*)", path)
         if node:
-            rest = node.group(2).lstrip(".")
-            return f"nodes[{node.group(1)}]" + (f" key {rest}" if rest else "")
+            rest = node.group(3).lstrip(".")
+            return f"{node.group(1)}[{node.group(2)}]" + (f" key {rest}" if rest else "")
         return path.lstrip(".") or "the top level"
 
     return re.sub(r"`\$((?:\.[\w\[\]]+)*)`", repl, msg)
@@ -154,4 +206,43 @@ def load_fleet(path: str | Path | None = None) -> Fleet:
             value = getattr(node, key)
             if not 0 < value < float("inf"):  # also refuses nan, which TOML allows
                 raise FleetError(f"{where}: {key} must be a number above 0, got {value}")
+    check_campaigns(fleet, str(path))
     return fleet
+
+
+def check_campaigns(fleet: Fleet, source: str) -> None:
+    """Each campaign names known nodes, each once, a node in one campaign at most, all of one
+    role; a campaign's name is a plain folder name that is no node's (verbs take either)."""
+    nodes = {n.name: n for n in fleet.nodes}
+    owner: dict[str, str] = {}
+    names: set[str] = set()
+    for i, c in enumerate(fleet.campaigns):
+        where = f"{source}: campaign {c.name!r} (campaigns[{i}])"
+        bad = name_problem(c.name)
+        if bad is not None:
+            raise FleetError(f"{where}: name {bad}")
+        if c.name in names:
+            raise FleetError(f"{where}: the name is used twice")
+        names.add(c.name)
+        if c.name in nodes:
+            raise FleetError(f"{where}: name is also a node's; a verb could not tell them apart")
+        if not c.nodes:
+            raise FleetError(f"{where}: key nodes is empty (name the [[nodes]] it runs on)")
+        seen: set[str] = set()
+        for name in c.nodes:
+            if name not in nodes:
+                known = ", ".join(nodes) or "none"
+                raise FleetError(f"{where}: key nodes: no node named {name!r} (nodes: {known})")
+            if name in seen:
+                raise FleetError(f"{where}: key nodes: {name!r} is named twice (one shard each)")
+            seen.add(name)
+            if name in owner:
+                raise FleetError(f"{where}: key nodes: {name!r} is already in campaign "
+                                 f"{owner[name]!r} (a node runs one campaign's shard)")
+            owner[name] = c.name
+        roles = {nodes[n].role for n in c.nodes}
+        if len(roles) > 1:
+            by_role = "; ".join(f"{r}: {', '.join(n for n in c.nodes if nodes[n].role == r)}"
+                                for r in sorted(roles))
+            raise FleetError(f"{where}: key nodes: mixes generation and training nodes "
+                             f"({by_role}); a campaign is one or the other")
