@@ -25,8 +25,8 @@ class DoneSet:
             self._attempts[index] = attempt
         return new
 
-    def __contains__(self, index: int) -> bool:
-        if not 0 <= index < self.size:
+    def __contains__(self, index: object) -> bool:
+        if not isinstance(index, int) or not 0 <= index < self.size:
             return False
         byte, bit = divmod(index, 8)
         return bool(self._bits[byte] & (1 << bit))

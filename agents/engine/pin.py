@@ -40,6 +40,7 @@ def check_pin(spec: RunSpec, run_dir: Path) -> RunPin:
             ("[generate] sampling", gen.sampling, pin.sampling),
             ("[generate] chat_template_kwargs", gen.chat_template_kwargs,
              pin.chat_template_kwargs),
+            ("[generate] shard", gen.shard, pin.shard),
         ):
             if now != then:
                 raise EngineError(f"{spec.source}: {key} is {now!r} but the run was pinned with "
@@ -49,7 +50,7 @@ def check_pin(spec: RunSpec, run_dir: Path) -> RunPin:
     pin = RunPin(prompts_path=str(prompts), prompts_sha256=sha, prompts_lines=lines,
                  prompts_size=size, prompts_mtime_ns=st.st_mtime_ns, model=spec.model_name,
                  sampling=gen.sampling, chat_template_kwargs=gen.chat_template_kwargs,
-                 created_at=time.time())
+                 created_at=time.time(), shard=gen.shard)
     atomic_write(path, encoder.encode(pin))
     return pin
 

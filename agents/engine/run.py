@@ -25,14 +25,30 @@ from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.hedge import Hedger, Job
 from agents.engine.journal import Journal, failed, requeued, retry_applied
 from agents.engine.lastgood import control_problem, last_good_control
+from agents.engine.ownership import (
+    Ownership,
+    OwnershipEvent,
+    adopt_event,
+    cede_event,
+    expand,
+    pick_for_cede,
+)
 from agents.engine.pin import check_pin
+from agents.engine.reassigned import refuse_if_reassigned
 from agents.engine.retries import find_truncated
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
 from agents.rundir.atomic import atomic_write
 from agents.rundir.control import ControlError, ensure_control, read_control
 from agents.rundir.crashpoint import crash_point
-from agents.rundir.schema import BatchLine, Control, Progress, Usage, encoder
+from agents.rundir.schema import (
+    BatchLine,
+    Control,
+    OwnershipSummary,
+    Progress,
+    Usage,
+    encoder,
+)
 from agents.rundir.spec import GenerateSection, RunSpec, SpecError, keep_copy
 
 log = logging.getLogger("fleetdeck.engine")
@@ -65,6 +81,8 @@ class Engine:
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._retry_tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[int] = set()
+        self._ceding: set[int] = set()  # being ceded: not sent, whatever the journal says
+        self._feed_over = False
         self._write_q: asyncio.Queue[tuple[int, int, bytes, BatchLine, str | None]] = (
             asyncio.Queue()
         )
@@ -120,16 +138,24 @@ class Engine:
         self.pin = check_pin(self.spec, self.run_dir)
         if self.spec.s3 is not None:
             check_bucket(self.spec.s3)
-        self.store = BatchStore(self.run_dir, self.gen.batch_size, self.pin.prompts_lines)
+        self.shard = self.spec.shard
+        self.store = BatchStore(self.run_dir, self.gen.batch_size, self.pin.prompts_lines,
+                                self.shard)
         rec = self.store.recover()
         self.journal = Journal(self.run_dir / "failures.jsonl")
         self.journal.recover()
+        # Which indices are this run's: its shard's, less what it ceded, plus what it adopted.
+        self.owner = Ownership.load(self.run_dir, self.shard, write=True)
         for i, (ev, _, what) in self.journal.state.last.items():
             if ev == "requeued":
                 self._requeue_reason[i] = what
         if self.spec.s3 is not None:
             self.uploader = Uploader(self.spec.s3, self.run_dir)
             self.uploader.recover(rec.closed_batches)
+            if self.shard is not None:
+                refuse_if_reassigned(self.spec.s3, self.shard, self.run_dir)
+                self.uploader.watch_journals(self.shard.tag, [self.journal.path,
+                                                              self.owner.path or Path()])
         self._batches_closed = len(rec.closed_batches)
         progress_raw = None
         try:
@@ -187,7 +213,7 @@ class Engine:
                    if ev == "failed" and i not in done)
 
     def _needs(self, index: int) -> bool:
-        if index in self._inflight:
+        if index in self._inflight or index in self._ceding or not self.owner.owns(index):
             return False
         last = self.journal.state.last.get(index)
         if index in self.store.done:
@@ -219,9 +245,12 @@ class Engine:
         ]
         if self.uploader is not None:
             background.append(asyncio.create_task(self.uploader.run(), name="uploader"))
+            background.append(asyncio.create_task(self.uploader.journals_loop(),
+                                                  name="journals"))
         self.status = "paused" if self.dispatcher.paused else "running"
         try:
             await self._feed()
+            self._feed_over = True
             await self._finish()
         finally:
             for t in background:
@@ -232,6 +261,7 @@ class Engine:
                 await s.client.aclose()
             self.store.close()
             self.journal.close()
+            self.owner.close()
             if self.uploader:
                 self.uploader.close()
             if self._lock_fd >= 0:
@@ -271,6 +301,10 @@ class Engine:
                 server = await self.dispatcher.acquire()
                 if server is None:
                     return
+                if index in self._ceding or not self.owner.owns(index):
+                    # Ceded while this line waited for a slot: another node sends it now.
+                    await self.dispatcher.release(server)
+                    continue
                 try:
                     prompt = prompt_io.parse_prompt(index, raw)
                 except prompt_io.BadPrompt as exc:
@@ -452,6 +486,9 @@ class Engine:
             await asyncio.to_thread(self.journal.append, events)
         except OSError as exc:
             self._stop_on_write_error(f"cannot write {self.journal.path}", exc)
+            return
+        if self.uploader is not None:
+            self.uploader.journals_changed()
 
     async def _join_writer(self) -> None:
         """Wait until every queued line is on disk (or dropped after a write failure)."""
@@ -550,6 +587,11 @@ class Engine:
                 self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
                                 f"({self.uploader.last_error}); a resume uploads them")
                 log.warning(self.message)
+        if self.uploader is not None and not await self.uploader.drain_journals(60.0):
+            self.message = self.message or (
+                f"the journals are not yet in S3 ({self.uploader.last_error}); a resume "
+                "uploads them")
+            log.warning("journals not uploaded: %s", self.uploader.last_error)
         if self.writer_error is not None:
             self.status = "failed"
         else:
@@ -633,7 +675,7 @@ class Engine:
 
     async def _retry_failed(self, rev: int) -> None:
         indices = self.journal.failed_indices()
-        indices = [i for i in indices if i not in self.store.done]
+        indices = [i for i in indices if i not in self.store.done and self.owner.owns(i)]
         events = [requeued(i, 1, "failed") for i in indices]
         events.append(retry_applied("failed", rev))
         await self._journal(events)
@@ -658,13 +700,72 @@ class Engine:
         self._epoch += 1
         self._idle.set()
 
+    # -- a campaign: cede and adopt ----------------------------------------------------------
+
+    @property
+    def feed_over(self) -> bool:
+        """The feeder has ended: an adopt now is sent by the next engine (a resume)."""
+        return self._feed_over
+
+    async def cede(self, id_: str, count: int) -> OwnershipEvent:
+        """Give away up to `count` to-do indices from the end of this run's list, durably,
+        before answering; none of them is sent from here on. The same id again answers the
+        same record."""
+        have = self.owner.cedes.get(id_)
+        if have is not None:
+            return have
+        total = self.pin.prompts_lines
+        failed_now = {i for i, (ev, _, _) in self.journal.state.last.items() if ev == "failed"}
+        picked = pick_for_cede(self.owner, total, count, self.store.done, self._inflight,
+                               failed_now)
+        if not picked:
+            raise EngineError(f"{self.run_dir}: nothing to cede: every index this run owns "
+                              "is done, failed or in flight")
+        ev = cede_event(id_, picked)
+        # Held back from the feeder from now on, before the record is on disk: a crash before
+        # the fsync leaves them owned here (and sent by a resume), never by two nodes.
+        self._ceding.update(picked)
+        try:
+            await asyncio.to_thread(self.owner.write, ev)
+            crash_point("ceded")  # tests: killed with the cede journaled, not yet answered
+        finally:
+            self._ceding.difference_update(picked)
+        self.owner.apply(ev)
+        log.info("ceded %d indices (id %s, %d ranges)", ev.count, ev.id, len(ev.ranges))
+        if self.uploader is not None:
+            self.uploader.journals_changed(now=True)
+        return ev
+
+    async def adopt(self, id_: str, ranges: list[tuple[int, int, int]], node: str | None,
+                    shard: str | None) -> OwnershipEvent:
+        """Take on indices another node ceded (or a reassign moved), durably, before the first
+        is sent. The same id again answers the same record."""
+        have = self.owner.adopts.get(id_)
+        if have is not None:
+            return have
+        total = self.pin.prompts_lines
+        indices = list(expand(ranges))
+        beyond = [i for i in indices if i >= total]
+        if beyond:
+            raise EngineError(f"adopt {id_}: index {beyond[0]} is past the prompts file's "
+                              f"{total} lines: not a range of this campaign")
+        ev = adopt_event(id_, [i for i in indices if not self.owner.owns(i)], node, shard)
+        await asyncio.to_thread(self.owner.write, ev)
+        crash_point("adopted")  # tests: killed with the adopt journaled, nothing sent yet
+        self.owner.apply(ev)
+        log.info("adopted %d indices (id %s from %s %s)", ev.count, ev.id, node, shard)
+        if self.uploader is not None:
+            self.uploader.journals_changed(now=True)
+        self._wake_feeder()
+        return ev
+
     # -- progress ---------------------------------------------------------------------------
 
     def snapshot(self) -> Progress:
         t = self.meter.totals
         completed = len(self.store.done)
         failed_n = self._failed_count()
-        total = self.pin.prompts_lines
+        total = self.owner.count(self.pin.prompts_lines)
         up = self.uploader
         servers = dict(
             server_progress(s.number, s.url, s.state, s.in_flight, s.limit, s.completed, s.failed,
@@ -696,7 +797,17 @@ class Engine:
             hedges_won=self.hedges_won, deadline_misses=self.deadline_misses,
             answers_by_limit=dict(t.answers_by_limit),
             truncated_by_limit=dict(t.truncated_by_limit),
+            shard=self.shard.text if self.shard else None, campaign=self.spec.run.campaign,
+            ownership=self._ownership_summary(),
         ))
+
+    def _ownership_summary(self) -> OwnershipSummary | None:
+        if self.shard is None and not self.owner.cedes and not self.owner.adopts:
+            return None
+        return msgspec.convert({**self.owner.summary(),
+                                "s3_behind": bool(self.uploader and
+                                                  self.uploader.journals_behind)},
+                               OwnershipSummary)
 
     def _write_progress(self) -> None:
         snap = encoder.encode(self.snapshot())

@@ -216,6 +216,28 @@ class Progress(msgspec.Struct):
     # are the limit as text): truncation is judged against the limit an answer ran with.
     answers_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
     truncated_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
+    # A shard of a campaign: "K/N", the campaign's name, and what it ceded and adopted
+    # (ownership.jsonl); `total` is then the count it owns.
+    shard: str | None = None
+    campaign: str | None = None
+    ownership: OwnershipSummary | None = None
+
+
+class OwnershipMove(msgspec.Struct, omit_defaults=True):
+    """One cede or adopt of ownership.jsonl, by id: how many indices, and when."""
+
+    id: str
+    count: int
+    time: float
+    node: str | None = None  # adopt: the node they came from
+    shard: str | None = None  # adopt: the shard they came from
+
+
+class OwnershipSummary(msgspec.Struct):
+    cedes: list[OwnershipMove] = msgspec.field(default_factory=list)
+    adopts: list[OwnershipMove] = msgspec.field(default_factory=list)
+    # The journal as uploaded to S3 lags the disk (a cede or adopt not yet there).
+    s3_behind: bool = False
 
 
 class Cost(msgspec.Struct):
@@ -253,6 +275,8 @@ class RunPin(msgspec.Struct):
     sampling: dict[str, Any]
     chat_template_kwargs: dict[str, Any]
     created_at: float
+    # A shard of a campaign ("3/8"): its indices are i % 8 == 3 of the full file.
+    shard: str | None = None
 
 
 class TrainProgress(msgspec.Struct):
@@ -289,6 +313,10 @@ class TrainProgress(msgspec.Struct):
     heldout_accept_length: float | None = None
     best_accept_length: float | None = None
     message: str | None = None
+    # Training across nodes ([train] nodes): this node's rank; rank 0's file is the run's
+    # progress, the others count the same steps and say "rank R of N, following rank 0".
+    node_rank: int = 0
+    nodes: int = 1
 
 
 encoder = msgspec.json.Encoder()

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from agents.rundir.shard import Shard, parse_shard
+
 # Where `concurrency_per_server = "auto"` starts: low, so that a server whose knee is low is
 # never flooded while the tuner climbs.
 AUTO_START = 4
@@ -26,10 +28,16 @@ class RunSection(msgspec.Struct, forbid_unknown_fields=True):
     # Dollars per GPU-hour: with it, progress.json carries $ so far, $ per million output
     # tokens and the projected total. GPUs: one per [servers] gpus entry (or url).
     cost_per_gpu_hour: float | None = None
+    # The campaign this node's run belongs to (set by `fleetdeck launch CAMPAIGN`); shown.
+    campaign: str | None = None
 
 
 class ServersSection(msgspec.Struct, forbid_unknown_fields=True):
     urls: list[str] | None = None
+    # urls = [ONE URL] is SGLang's router (sglang-router), not a server: the engine sends to
+    # it as one server whose concurrency is the router's as a whole, and the supervisor lists
+    # its workers (GET /workers) and watches each one (agents/supervise/router.py).
+    router: bool = False
     gpus: list[int] | None = None
     base_port: int = 30000
     model: str | None = None
@@ -81,6 +89,9 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     # At the tail (work left under the capacity in flight) the oldest requests go a second
     # time to idle servers; the first answer wins, the other is aborted.
     hedge: bool = True
+    # "K/N": this run is the K-th (0-based) of N shards of a campaign and owns the indices
+    # i % N == K of the full prompts file (agents/rundir/shard.py); pinned at first launch.
+    shard: str | None = None
 
     @property
     def auto_concurrency(self) -> bool:
@@ -183,6 +194,9 @@ class RunSpec(msgspec.Struct, forbid_unknown_fields=True):
     # Folder that relative paths are relative to (the original run.toml's, also for the copy
     # kept in RUN_DIR).
     base: str = ""
+    # Keys a launch set over the file's ({"generate": {"shard": "3/8"}}): kept in RUN_DIR's
+    # copy, so a resume runs what was launched.
+    launched_with: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
     @property
     def base_dir(self) -> Path:
@@ -202,6 +216,12 @@ class RunSpec(msgspec.Struct, forbid_unknown_fields=True):
         assert self.generate is not None
         path = Path(self.generate.prompts)
         return path if path.is_absolute() else self.base_dir / path
+
+    @property
+    def shard(self) -> Shard | None:
+        if self.generate is None or self.generate.shard is None:
+            return None
+        return parse_shard(self.generate.shard, f"{self.source}: [generate] shard")
 
     @property
     def model_name(self) -> str:
@@ -245,6 +265,14 @@ def _check(spec: RunSpec, path: Path) -> None:
     def fail(key: str, reason: str) -> None:
         raise SpecError(f"{path}: {key}: {reason}")
 
+    if spec.generate is not None and spec.generate.shard is not None:
+        try:
+            parse_shard(spec.generate.shard, f"{path}: [generate] shard")
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        if spec.s3 is None:
+            fail("[generate] shard", "a shard of a campaign needs [s3]: every node writes to "
+                 "one S3 prefix, where the union is verified")
     name_bad = name_problem(spec.run.name)
     if name_bad is not None:
         fail("[run] name", f"{spec.run.name!r} {name_bad}")
@@ -264,6 +292,8 @@ def _check(spec: RunSpec, path: Path) -> None:
         for i, url in enumerate(spec.servers.urls or []):
             if not re.match(r"^https?://[^/\s]+", url):
                 fail(f"[servers] urls[{i}]", f"{url!r} is not an http(s) URL")
+        if spec.servers.router:
+            _check_router(spec, fail)
         positive = {
             "max_tokens": gen.max_tokens,
             "concurrency_per_server": gen.initial_concurrency,
@@ -303,6 +333,19 @@ def _check(spec: RunSpec, path: Path) -> None:
         fail("[alerts] idle_alert_s", f"must be positive, got {spec.alerts.idle_alert_s}")
     if spec.s3 is not None and not spec.s3.bucket:
         fail("[s3] bucket", "must not be empty")
+
+
+def _check_router(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
+    """`router = true`: one URL, the router's, and one concurrency for it as a whole."""
+    urls = spec.servers.urls or []
+    if len(urls) != 1:
+        fail("[servers] router", f"router = true takes one URL in urls, the router's; got "
+             f"{len(urls)} (its workers are listed by the router itself)")
+    assert spec.generate is not None
+    if spec.generate.auto_concurrency:
+        fail("[generate] concurrency_per_server",
+             '"auto" tunes each server on its own, but behind SGLang\'s router there is one '
+             "server, the router: give a number, the router's concurrency as a whole")
 
 
 def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
@@ -455,6 +498,7 @@ def keep_copy(spec: RunSpec, run_dir: Path) -> None:
         raw = tomllib.loads(source.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SpecError(f"{source}: cannot read it again to keep a copy: {exc}") from None
+    raw = merge_overrides(raw, spec.launched_with)
     public, found = secrets.split(raw)
     if source.resolve() == copy.resolve():
         # RUN_DIR is the spec's own folder: this file is served and pulled with the run.
@@ -473,8 +517,19 @@ def keep_copy(spec: RunSpec, run_dir: Path) -> None:
     (run_dir / "run.base").write_text(str(spec.base_dir) + "\n")
 
 
-def load_spec(path: str | Path, base_dir: Path | None = None) -> RunSpec:
-    """Read and validate a run.toml; raise SpecError naming file, key and reason."""
+def merge_overrides(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]
+                    ) -> dict[str, Any]:
+    """The TOML tree with a launch's keys set over it, section by section."""
+    out = dict(raw)
+    for section, values in overrides.items():
+        out[section] = {**out.get(section, {}), **values}
+    return out
+
+
+def load_spec(path: str | Path, base_dir: Path | None = None,
+              overrides: dict[str, dict[str, Any]] | None = None) -> RunSpec:
+    """Read and validate a run.toml, with a launch's `overrides` set over its keys (kept by
+    keep_copy); raise SpecError naming file, key and reason."""
     path = Path(path)
     kept = path.name == "run.toml" and (path.parent / "run.base").exists()
     if base_dir is None and kept:
@@ -491,6 +546,8 @@ def load_spec(path: str | Path, base_dir: Path | None = None) -> RunSpec:
         raise SpecError(f"{path}: cannot read: {exc}") from None
     if kept:
         raw = _with_secrets(raw, text, path)
+    if overrides:
+        raw = merge_overrides(raw, overrides)
     try:
         spec = msgspec.convert(raw, RunSpec)
     except msgspec.ValidationError as exc:
@@ -498,6 +555,8 @@ def load_spec(path: str | Path, base_dir: Path | None = None) -> RunSpec:
     spec.source = str(path.resolve())
     if base_dir is not None:
         spec.base = str(base_dir)
+    if overrides:
+        spec.launched_with = overrides
     _check(spec, path)
     return spec
 
