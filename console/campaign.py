@@ -12,6 +12,7 @@ import msgspec
 
 from agents.rundir.schema import Alert, Snapshot
 from console.fleet import Campaign, Fleet
+from console.state import FleetState
 
 LIVE = ("running", "paused", "draining", "starting")
 
@@ -183,6 +184,13 @@ def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member]) -> Rollup:
         critical=sum(1 for a in alerts if a.alert.severity == "critical"),
         unadopted=unadopted, warnings=warnings, shards=shards, step=step,
         total_steps=total_steps, loss=loss)
+
+
+def from_state(state: FleetState, campaign: Campaign) -> Rollup:
+    """The roll-up of what the TUI holds now (last snapshots, however old; their links)."""
+    return roll_up(state.fleet, campaign, [
+        Member(name, ns.link, ns.snapshot, ns.error) for name in campaign.nodes
+        if (ns := state.nodes.get(name)) is not None])
 
 
 def _slowest(live: list[tuple[str, float | None, float | None, float | None]]

@@ -28,6 +28,7 @@ from console.linkstate import LinkState
 from console.sanitize import shown_markup
 from console.state import FleetState
 from console.transport import AgentLink, HostKeyProblem, accept_host_key
+from console.tui.campaign_actions import CampaignControls
 from console.tui.fetched import Fetched
 from console.tui.handlers import NAVIGATION, Controls
 from console.tui.keymap import binding_ids, resolve
@@ -41,6 +42,7 @@ from console.tui.messages import (
 from console.tui.palette import ActionCommands
 from console.tui.port import AnswerT
 from console.tui.screens.base import View, ViewContext
+from console.tui.screens.campaign import CampaignScreen
 from console.tui.screens.decommission import DecommissionScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.node import GenerateScreen, NodeView, TrainScreen
@@ -102,6 +104,7 @@ class FleetdeckApp(App[int]):
         self.fetched: dict[str, Fetched] = {n.name: Fetched() for n in fleet.nodes}
         self.links: dict[str, AgentLink] = {}
         self.controls = Controls(self)
+        self.campaign_controls = CampaignControls(self, self.controls)
         self.render_errors: list[str] = []
         self._drawn: tuple[int, ...] = ()
         self._last_draw = 0.0
@@ -317,6 +320,14 @@ class FleetdeckApp(App[int]):
             return screen.selected_node
         return None
 
+    def current_campaign(self) -> str | None:
+        screen = self.screen
+        if isinstance(screen, CampaignScreen):
+            return screen.campaign_name
+        if isinstance(screen, FleetScreen):
+            return screen.selected_campaign
+        return None
+
     async def show_node(self, name: str) -> NodeView:
         """The node's screen, opened if another is shown."""
         screen = self.screen
@@ -348,8 +359,14 @@ class FleetdeckApp(App[int]):
         self.call_after_refresh(self.redraw)
 
     @on(FleetScreen.OpenNode)
-    async def _open_node(self, event: FleetScreen.OpenNode) -> None:
+    @on(CampaignScreen.OpenNode)
+    async def _open_node(self, event: FleetScreen.OpenNode | CampaignScreen.OpenNode) -> None:
         await self.show_node(event.name)
+
+    @on(FleetScreen.OpenCampaign)
+    async def _open_campaign(self, event: FleetScreen.OpenCampaign) -> None:
+        await self.push_screen(CampaignScreen(event.name))
+        self.redraw()
 
     async def _fetch_history(self, name: str) -> None:
         snap = self.state.nodes[name].snapshot
@@ -411,8 +428,12 @@ class FleetdeckApp(App[int]):
         a = BY_ID.get(action_id)
         if a is None or (self.read_only and a.dangerous):
             return
+        campaign = self.current_campaign()
         if action_id in NAVIGATION:
             await self.navigate(action_id)
+        elif campaign is not None:
+            self.run_worker(self.campaign_controls.run(action_id, campaign),
+                            name=f"action-{action_id}", group="actions", exit_on_error=False)
         else:
             self.run_worker(self.controls.run(action_id), name=f"action-{action_id}",
                             group="actions", exit_on_error=False)

@@ -151,7 +151,7 @@ class Controls:
             del self._pending_concurrency[node]
         return p.concurrency if p is not None else None
 
-    async def _resize(self, node: str, value: int, server: int | None) -> None:
+    async def _resize(self, node: str, value: int, server: int | None) -> Any:
         params: dict[str, Any] = {"value": value}
         if server is not None:
             params["server"] = server
@@ -161,6 +161,11 @@ class Controls:
         reply = await self.simple(node, "resize", f"concurrency {value} on {where}", params)
         if reply is None:
             self._pending_concurrency.pop(node, None)
+        return reply
+
+    async def resize_to(self, node: str, value: int) -> Any:
+        """Every server of the node to `value` (a campaign's resize, node by node)."""
+        return await self._resize(node, value, None)
 
     async def resize(self, node: str) -> None:
         current = self.concurrency(node)
@@ -173,29 +178,29 @@ class Controls:
         if isinstance(answer, ValueAnswer):
             await self._resize(node, answer.value, answer.server)
 
-    async def autotune(self, node: str) -> None:
+    async def autotune(self, node: str) -> Any:
         """resize auto: every server's level from then on is the tuner's (the GPU table shows
         each one's choice and measured curve)."""
-        await self.simple(node, "resize", "auto-tune on every server: each finds its knee",
+        return await self.simple(node, "resize", "auto-tune on every server: each finds its knee",
                           {"value": "auto"})
 
-    async def resize_up(self, node: str) -> None:
+    async def resize_up(self, node: str) -> Any:
         current = self.concurrency(node)
         if current is None:
             self.port.notify(f"{node}: no concurrency known yet", severity="warning")
-            return
-        await self._resize(node, current + 1, None)
+            return None
+        return await self._resize(node, current + 1, None)
 
-    async def resize_down(self, node: str) -> None:
+    async def resize_down(self, node: str) -> Any:
         current = self.concurrency(node)
         if current is None:
             self.port.notify(f"{node}: no concurrency known yet", severity="warning")
-            return
+            return None
         if current <= 1:
             self.port.notify(f"{node}: concurrency is {current}; pause to stop sending",
                             severity="warning")
-            return
-        await self._resize(node, current - 1, None)
+            return None
+        return await self._resize(node, current - 1, None)
 
     async def max_tokens(self, node: str) -> None:
         p = self.progress(node)

@@ -34,6 +34,10 @@ class ActionPort(Protocol):
     def current_node(self) -> str | None:
         """The node an action applies to: the one shown, or the fleet table's cursor row."""
 
+    def current_campaign(self) -> str | None:
+        """The campaign an action applies to (to each of its nodes): the one shown, or the
+        fleet table's cursor on a campaign's row; None when a node is the target."""
+
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
         """A toast."""

@@ -1,5 +1,6 @@
-"""The fleet view: a row per node and every node's alerts; enter opens a node. The bar gives
-the fleet's total rate, when its last node should finish (with the band) and what it costs."""
+"""The fleet view: a row per campaign above its nodes, a row per node, and every node's alerts;
+enter opens a node or a campaign's shards. The bar gives the fleet's total rate, when its last
+node should finish (with the band) and what it costs."""
 
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ class FleetScreen(View):
             super().__init__()
             self.name = name
 
+    class OpenCampaign(Message):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-bar", classes="bar")
         yield FleetTable(id="fleet-table")
@@ -57,6 +63,10 @@ class FleetScreen(View):
     @property
     def selected_node(self) -> str | None:
         return self.query_one(FleetTable).selected_node
+
+    @property
+    def selected_campaign(self) -> str | None:
+        return self.query_one(FleetTable).selected_campaign
 
     def show(self, ctx: ViewContext) -> None:
         nodes = ctx.state.nodes.values()
@@ -81,5 +91,10 @@ class FleetScreen(View):
         self.query_one(FleetTable).forget()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value is not None:
-            self.post_message(self.OpenNode(str(event.row_key.value)))
+        key = event.row_key.value
+        if key is None:
+            return
+        if self.query_one(FleetTable).selected_campaign == key:
+            self.post_message(self.OpenCampaign(str(key)))
+        else:
+            self.post_message(self.OpenNode(str(key)))

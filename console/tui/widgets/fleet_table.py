@@ -1,5 +1,6 @@
 """The fleet view's table: a row per node (role, run, status, progress, rate, ETA with its
-p10-p90 band, failures, alerts, contact). Only cells that changed are redrawn, so a 32-node
+p10-p90 band, failures, alerts, contact), and a row per campaign above its nodes with the same
+figures rolled up (console/campaign.py). Only cells that changed are redrawn, so a 32-node
 fleet stays cheap."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.theme import Theme
 
+from console.campaign import Rollup, from_state
 from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
@@ -30,12 +32,15 @@ def contact(ns: NodeState, now: float, theme: Theme) -> Text:
     return toned(text, theme, LINK_TONE.get(ns.link, "bad"))
 
 
-def fleet_row(ns: NodeState, now: float, theme: Theme) -> Row:
+def fleet_row(ns: NodeState, now: float, theme: Theme, shard: str | None = None) -> Row:
+    """A node's row; `shard`: the node is one of a campaign's, drawn under its row."""
     snap = ns.snapshot
     age = ns.age_s(now)
     stale = ns.link != "connected" or age is None or age > STALE_S
     dim = style(theme, "muted") if stale else ""
     name = Text(ns.name, style="bold")
+    if shard is not None:
+        name = Text.assemble(("  └ ", "dim"), (ns.name, "bold"), (f" {shard}", "dim"))
     role = ns.node.role
     if snap is None:
         blank = Text(f.DASH, style="dim")
@@ -64,12 +69,67 @@ def fleet_row(ns: NodeState, now: float, theme: Theme) -> Row:
             contact(ns, now, theme))
 
 
+def campaign_row(r: Rollup, theme: Theme) -> Row:
+    """A campaign's row: its shards' figures added up, the slowest shard's ETA and band, and
+    how many of its nodes are live."""
+    name = Text.assemble(("▸ ", "bold"), (r.campaign, "bold"))
+    if r.warnings:  # a ceded range nobody adopted, a node on another shard: open it
+        many = len(r.warnings) > 1
+        run = Text(f"{r.nodes} nodes · {len(r.warnings)} warning{'s' if many else ''}",
+                   style=style(theme, "warn"))
+    else:
+        run = Text(f"campaign · {r.nodes} node{'s' if r.nodes != 1 else ''}")
+    status = Text(r.status, style=style(theme, RUN_TONE.get(r.status)))
+    if r.role == "train":
+        progress = (f"{f.pct(r.step, r.total_steps)} {f.num(r.step)}/{f.num(r.total_steps)}"
+                    if r.step is not None else f.DASH)
+        rate = f.rate(r.rate_per_sec, " tok/s")
+        eta = f.hours(r.eta_hours)
+        failed = f.DASH
+    else:
+        progress = f"{f.pct(r.completed, r.total)} {f.si(r.completed)}/{f.si(r.total)}" \
+            if r.answered else f.DASH
+        rate = f.rate(r.rate_per_sec, "/s", 2 if r.rate_per_sec < 10 else 1)
+        eta = f.eta_compact(r.eta_hours, r.eta_p10_hours, r.eta_p90_hours)
+        failed = f"{f.num(r.failed)} ({f.pct(r.failed, r.completed + r.failed, 2)})" \
+            if r.failed else "0"
+    alerts = Text(str(len(r.alerts)), style=style(theme, "bad" if r.critical else "warn")) \
+        if r.alerts else Text("0", style="dim")
+    live = sum(1 for s in r.shards if s.link == "connected")
+    contact = toned(f"{live}/{r.nodes} live", theme, "warn" if live < r.nodes else None)
+    dim = style(theme, "muted") if not live else ""  # no node live: figures are old
+    return (name, r.role, run, status, Text(progress, style=dim), Text(rate, style=dim),
+            Text(eta, style=dim), Text(failed, style=dim), alerts, contact)
+
+
 class FleetTable(LiveTable):
     COLUMNS = FLEET_COLUMNS
 
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._campaigns: set[str] = set()
+
     def show(self, state: FleetState, now: float, theme: Theme) -> None:
-        self.sync({name: fleet_row(ns, now, theme) for name, ns in state.nodes.items()})
+        """Each campaign's row, then its nodes; then the nodes of no campaign. Campaign and
+        node names never clash (the fleet file refuses it), so each names its own row."""
+        rows: dict[str, Row] = {}
+        self._campaigns = {c.name for c in state.fleet.campaigns}
+        for c in state.fleet.campaigns:
+            rows[c.name] = campaign_row(from_state(state, c), theme)
+            for name in c.nodes:
+                if name in state.nodes:
+                    rows[name] = fleet_row(state.nodes[name], now, theme, c.shard(name))
+        for name, ns in state.nodes.items():
+            if name not in rows:
+                rows[name] = fleet_row(ns, now, theme)
+        self.sync(rows)
 
     @property
     def selected_node(self) -> str | None:
-        return self.selected_key
+        key = self.selected_key
+        return None if key in self._campaigns else key
+
+    @property
+    def selected_campaign(self) -> str | None:
+        key = self.selected_key
+        return key if key in self._campaigns else None

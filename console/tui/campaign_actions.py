@@ -1,0 +1,111 @@
+"""Actions on a campaign's row or screen: asked once, then sent to every node of the campaign
+as that node's own call (each node audits it under its own `who`), all at once; each node's
+outcome is reported as it would be for that node alone, then a line for the whole."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from console.actions import BY_ID
+from console.fleet import Campaign
+from console.tui.handlers import Controls
+from console.tui.port import ActionPort
+from console.tui.widgets import figures as f
+from console.tui.widgets.prompt import ValueAnswer, ValueModal
+from console.tui.widgets.retry import RetryModal
+
+# What a campaign row answers to; anything else is one node's business.
+CAMPAIGN_ACTIONS = ("pause", "unpause", "resize", "resize_up", "resize_down", "autotune",
+                    "max_tokens", "retry")
+
+
+class CampaignControls:
+    def __init__(self, port: ActionPort, controls: Controls) -> None:
+        self.port = port
+        self.controls = controls  # the per-node handlers, reused for each node
+
+    async def run(self, action_id: str, name: str) -> None:
+        campaign = self.port.fleet.campaign(name)
+        if action_id not in CAMPAIGN_ACTIONS:
+            title = BY_ID[action_id].title if action_id in BY_ID else action_id
+            self.port.notify(f"{name}: {title} is one node's action; open the campaign and a "
+                             "shard (enter) for it", severity="warning")
+            return
+        await getattr(self, action_id)(campaign)
+
+    async def each(self, campaign: Campaign, what: str,
+                   per_node: Callable[[str], Awaitable[Any]]) -> None:
+        """per_node on every node at once; a summary naming the nodes that did not take it
+        (each has had its own report already)."""
+        results = await asyncio.gather(*(per_node(n) for n in campaign.nodes))
+        failed = [n for n, r in zip(campaign.nodes, results, strict=True) if r is None]
+        if failed:
+            self.port.report(campaign.name, f"{what}: {len(campaign.nodes) - len(failed)} of "
+                             f"{len(campaign.nodes)} nodes; not on {', '.join(failed)}",
+                             ok=False)
+        else:
+            self.port.report(campaign.name, f"{what}: all {len(campaign.nodes)} nodes")
+
+    def _figures(self, campaign: Campaign, figure: Callable[[str], int | None]) -> str:
+        """`8 on gen-1, 8 on gen-2, – on gen-3`: one node's value each."""
+        return ", ".join(f"{f.num(figure(n))} on {n}" for n in campaign.nodes)
+
+    # -- the actions ------------------------------------------------------------------------
+
+    async def pause(self, campaign: Campaign) -> None:
+        await self.each(campaign, "pause", lambda n: self.controls.simple(
+            n, "pause", "paused: no new requests are sent"))
+
+    async def unpause(self, campaign: Campaign) -> None:
+        await self.each(campaign, "unpause", lambda n: self.controls.simple(
+            n, "unpause", "unpaused: sending again"))
+
+    async def resize(self, campaign: Campaign) -> None:
+        values = {n: self.controls.concurrency(n) for n in campaign.nodes}
+        known = [v for v in values.values() if v is not None]
+        answer = await self.port.ask(ValueModal(
+            f"Concurrency on every node of {campaign.name}",
+            "now " + self._figures(campaign, values.get) + " (requests in flight per server)",
+            known[0] if known and len(set(known)) == 1 else None, minimum=0))
+        if isinstance(answer, ValueAnswer):
+            await self.each(campaign, f"concurrency {answer.value}",
+                            lambda n: self.controls.resize_to(n, answer.value))
+
+    async def resize_up(self, campaign: Campaign) -> None:
+        await self.each(campaign, "one more in flight", self.controls.resize_up)
+
+    async def resize_down(self, campaign: Campaign) -> None:
+        await self.each(campaign, "one fewer in flight", self.controls.resize_down)
+
+    async def autotune(self, campaign: Campaign) -> None:
+        await self.each(campaign, "auto-tune", self.controls.autotune)
+
+    async def max_tokens(self, campaign: Campaign) -> None:
+        def now(n: str) -> int | None:
+            p = self.controls.progress(n)
+            return p.max_tokens if p is not None else None
+
+        known = {v for n in campaign.nodes if (v := now(n)) is not None}
+        answer = await self.port.ask(ValueModal(
+            f"Max tokens for new requests on every node of {campaign.name}",
+            "now " + self._figures(campaign, now),
+            known.pop() if len(known) == 1 else None, minimum=1))
+        if isinstance(answer, ValueAnswer):
+            await self.each(campaign, f"max_tokens {answer.value}", lambda n: self.controls.simple(
+                n, "max_tokens", f"max_tokens {answer.value} for new requests",
+                {"value": answer.value}))
+
+    async def retry(self, campaign: Campaign) -> None:
+        failed = truncated = 0
+        for n in campaign.nodes:
+            p = self.controls.progress(n)
+            if p is not None:
+                failed, truncated = failed + p.failed, truncated + p.truncated
+        what = await self.port.ask(RetryModal(
+            f"every node of {campaign.name}",
+            f"failed now {f.num(failed)}, truncated {f.num(truncated)} across its shards"))
+        if what:
+            await self.each(campaign, f"retry {what}", lambda n: self.controls.simple(
+                n, "retry", f"retry {what}: re-queued", {"what": what}))

@@ -1,0 +1,137 @@
+"""Campaigns in the TUI (issue 15, item 2): the fleet screen's campaign row above its nodes,
+enter on it for the shards, and the actions on it sent to every node, each as that node's own
+audited call. Against two live supervised runs on simulated GPUs; the screens themselves as
+snapshots with fixed data."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from console.fleet import Campaign, ConsoleSettings, Fleet, Node
+from console.tui.app import FleetdeckApp
+from console.tui.screens.campaign import CampaignScreen
+from console.tui.screens.node import GenerateScreen
+from tests.console import data as d
+from tests.console.conftest import start_run, stop_run, until
+from tests.console.screen import Recorder, progress, screen_text
+from tests.console.test_actions_live import answer_value
+
+SIZE = (160, 48)
+AGENT = f"{sys.executable} -m agents.cli"
+
+
+def audited(run_dir: Path) -> list[str]:
+    """The methods the node's audit trail holds, in order."""
+    path = run_dir / "control.log.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["method"] for line in path.read_text().splitlines() if line]
+
+
+async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> None:
+    runs = [start_run(tmp_path / f"node{i}", prompts=20_000, servers=1) for i in range(2)]
+    try:
+        nodes = [Node(name=f"gen-{i + 1}", run_dir=str(r.run_dir), local=True, agent=AGENT)
+                 for i, r in enumerate(runs)]
+        fleet = Fleet(nodes=nodes, campaigns=[Campaign("traces", ["gen-1", "gen-2"])],
+                      console=ConsoleSettings(bell=False), source="test-fleet")
+        rec = Recorder()
+        app = FleetdeckApp(fleet)
+        names = ("gen-1", "gen-2")
+
+        def every(cond: Any) -> bool:
+            return all((p := progress(app, n)) is not None and cond(p) for n in names)
+
+        async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+            await until(pilot, lambda: every(lambda p: p.status == "running"), 120,
+                        "both nodes running")
+            await until(pilot, lambda: "2/2 live" in screen_text(app), 20, "the campaign row")
+            text = screen_text(app)
+            assert text.index("▸ traces") < text.index("└ gen-1 0/2") < text.index("└ gen-2 1/2")
+            assert app.current_campaign() == "traces" and app.current_node() is None
+
+            await pilot.press("p")  # the cursor is on the campaign's row
+            await until(pilot, lambda: every(lambda p: p.paused), 45, "both paused")
+            await until(pilot, lambda: rec.has("traces: pause: all 2 nodes"), 10, "the summary")
+            assert rec.has("gen-1: paused") and rec.has("gen-2: paused")
+            await pilot.press("P")
+            await until(pilot, lambda: every(lambda p: not p.paused), 45, "both unpaused")
+
+            await pilot.press("c")
+            await answer_value(pilot, app, "5")
+            await pilot.press("enter")
+            await until(pilot, lambda: every(lambda p: p.concurrency == 5), 45, "5 on both")
+
+            # Enter: the campaign's shards; its actions still go to every node.
+            await pilot.press("enter")
+            screen = await until(pilot, lambda: app.screen if isinstance(
+                app.screen, CampaignScreen) else None, 30, "the campaign screen")
+            await until(pilot, lambda: "0/2" in screen_text(app) and "1/2" in screen_text(app)
+                        and "generate campaign · 2/2 live" in screen_text(app), 20,
+                        "the shards listed")
+            await pilot.press("m")
+            await answer_value(pilot, app, "300")
+            await pilot.press("enter")
+            await until(pilot, lambda: every(lambda p: p.max_tokens == 300), 45,
+                        "max_tokens 300 on both")
+            # One node's action on a campaign: refused with a pointer, nothing sent.
+            await pilot.press("l")
+            await until(pilot, lambda: rec.has("traces: Logs is one node's action"), 10,
+                        "the pointer to a shard")
+            await pilot.press("enter")  # the cursor is on the first shard
+            node = await until(pilot, lambda: app.screen if isinstance(
+                app.screen, GenerateScreen) else None, 30, "gen-1's screen")
+            assert node.node_name == "gen-1" and screen is not app.screen
+        # Each node audited each call itself (its own line, its own `who`).
+        for r in runs:
+            assert audited(r.run_dir)[-4:] == ["pause", "unpause", "resize", "max_tokens"]
+    finally:
+        for r in runs:
+            stop_run(r)
+
+
+# -- the screens, with fixed data ---------------------------------------------------------------
+
+def campaign_app() -> FleetdeckApp:
+    fleet = d.fleet(bell=False)
+    fleet.campaigns = [Campaign("qwen-all", ["gen-1", "gen-2"])]
+    app = FleetdeckApp(fleet, connect=False, clock=lambda: d.NOW)
+    app.animation_level = "none"
+    return app
+
+
+async def feed(pilot: Any) -> None:
+    app: FleetdeckApp = pilot.app
+    cede = {"cedes": [{"id": "rb-7", "count": 12_000, "time": d.NOW - 60}], "adopts": []}
+    app.ingest("gen-1", d.generate_snapshot(progress=d.progress(
+        shard="0/2", campaign="qwen-all", ownership=cede)))
+    # gen-2 is the slower shard: the campaign's ETA is its, and the band's ends the larger.
+    app.ingest("gen-2", d.generate_snapshot(alerts=[], progress=d.progress(
+        shard="1/2", campaign="qwen-all", completed=412_040, failed=95, truncated=70_112,
+        rate_per_sec=12.9, eta_hours=10.1, eta_p10_hours=9.6, eta_p90_hours=11.9)))
+    app.ingest("train-1", d.train_snapshot())
+    for name in ("gen-1", "gen-2", "train-1"):
+        app.state.set_link(name, "connected", None)
+        app.state.nodes[name].received_at = d.NOW - 1
+    app.clear_notifications()
+    app.redraw()
+    await pilot.pause()
+
+
+def test_fleet_screen_with_a_campaign(snap_compare: Any) -> None:
+    assert snap_compare(campaign_app(), terminal_size=SIZE, run_before=feed)
+
+
+def test_campaign_screen(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await feed(pilot)
+        await pilot.press("enter")  # the cursor is on the campaign's row
+        await until(pilot, lambda: isinstance(pilot.app.screen, CampaignScreen), 10,
+                    "the campaign screen")
+        pilot.app.redraw()
+        await pilot.pause()
+
+    assert snap_compare(campaign_app(), terminal_size=SIZE, run_before=run_before)
