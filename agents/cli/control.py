@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from agents.cli.exits import EXIT_OK, EXIT_USAGE, non_negative
-from agents.rundir.control import ControlError, parse_resize_value, resize, update_control
+from agents.rundir.control import (
+    ControlError,
+    parse_resize_value,
+    resize,
+    resize_refusal,
+    update_control,
+)
 from agents.rundir.schema import Control
 
 
@@ -69,6 +75,10 @@ def _resize_value(text: str) -> int | str:
 
 
 def cmd_resize(args: argparse.Namespace) -> int:
+    refusal = resize_refusal(args.run_dir, args.value, args.server)
+    if refusal is not None:
+        print(f"fleetdeck-agent resize: {refusal}", file=sys.stderr)
+        return EXIT_USAGE
     cap = _max_concurrency(args.run_dir)
     if cap is not None and isinstance(args.value, int) and args.value > cap:
         print(f"fleetdeck-agent resize: {args.value} is above [generate] max_concurrency {cap} "

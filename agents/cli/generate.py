@@ -40,6 +40,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
                   "servers launched per GPU need the supervisor (`fleetdeck-agent up`)",
                   file=sys.stderr)
             return EXIT_USAGE
+        if spec.servers.router:
+            from agents.engine.router import check_router
+
+            check_router(spec.servers.urls[0], spec.servers.api_key,
+                         where=f"{spec.source}: [servers] urls[0]")
         return run_engine(spec)
     except (SpecError, EngineError, S3Unavailable, StoreError) as exc:
         print(f"fleetdeck-agent generate: {exc}", file=sys.stderr)

@@ -17,7 +17,12 @@ from agents.artifacts.manifest import MAX_LIMIT, Manifest
 from agents.artifacts.verify import VerifyError, verify_run
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
 from agents.rundir.browse import OutsideRunDir, history, log_path, recent_samples, tail
-from agents.rundir.control import ControlError, parse_resize_value, update_control
+from agents.rundir.control import (
+    ControlError,
+    parse_resize_value,
+    resize_refusal,
+    update_control,
+)
 from agents.rundir.control import resize as control_resize
 from agents.rundir.schema import Control
 from agents.supervise.export_job import ExportRefused, start_export
@@ -70,6 +75,9 @@ class ControlMethods:
                 raise RpcError(INVALID_PARAMS, str(exc)) from None
             server = p.get("server")
             number = None if server is None else _int(p, "server")
+            refusal = resize_refusal(self.run_dir, value, number)
+            if refusal is not None:
+                raise RpcError(INVALID_PARAMS, refusal)
             return self._write("resize", p, lambda c: control_resize(c, value, number))
 
         async def max_tokens(p: dict[str, Any]) -> Any:

@@ -88,6 +88,28 @@ def resize(c: Control, value: int | str, server: int | None) -> None:
         conc.auto_servers[str(server)] = False
 
 
+def resize_refusal(run_dir: Path, value: int | str, server: int | None) -> str | None:
+    """Why this run cannot take this `resize`, or None. Behind SGLang's router
+    (`[servers] router = true`) the engine has one server, the router, whose concurrency is
+    the router's as a whole: a level for one server, or "auto" (which tunes each server on
+    its own), has nothing to apply to."""
+    from agents.rundir.spec import SpecError, load_run_spec
+
+    try:
+        router = load_run_spec(run_dir).servers.router
+    except SpecError:
+        return None  # not this check's to report: update_control names a missing run
+    if not router:
+        return None
+    if server is not None:
+        return (f"{run_dir}: the run sends through SGLang's router ([servers] router = true): "
+                "concurrency is the router's as a whole; resize VALUE without --server")
+    if value == AUTO:
+        return (f"{run_dir}: the run sends through SGLang's router ([servers] router = true): "
+                "auto tunes each server on its own and there is one, the router; give a number")
+    return None
+
+
 @contextmanager
 def control_lock(run_dir: Path) -> Iterator[None]:
     fd = os.open(run_dir / "control.lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import PROTOCOL_VERSION
+from agents.engine.router import RouterError, check_router
 from agents.rpc.protocol import STREAM_LIMIT, RpcClient, RpcError
 from agents.rpc.sockpath import SocketDirError, checked_folder, recorded_socket
 from agents.rundir.control import audit
@@ -73,6 +74,7 @@ async def wait_for_supervisor(run_dir: Path, proc: subprocess.Popen[bytes],
 async def up(spec: RunSpec, who: str | None = None) -> dict[str, Any]:
     """Create RUN_DIR and start its supervisor (servers, job). Refuses a live run."""
     _check_socket_folder()
+    await _check_router(spec)
     run_dir = spec.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     if supervisor_pid(run_dir) is not None:
@@ -99,15 +101,26 @@ async def resume(run_dir: Path, who: str | None = None) -> dict[str, Any]:
     if not (run_dir / "run.toml").exists():
         raise RunCtlError(f"{run_dir}: no run.toml; not a run directory")
     try:
-        load_run_spec(run_dir)  # its secrets too: refused here, not in a supervisor's log
+        spec = load_run_spec(run_dir)  # its secrets too: refused here, not in a supervisor's log
     except SpecError as exc:
         raise RunCtlError(str(exc)) from None
     _check_socket_folder()
+    await _check_router(spec)
     audit(run_dir, "resume", {"supervisor": "new"}, who)
     proc = spawn_supervisor(run_dir)
     client = await wait_for_supervisor(run_dir, proc)
     await client.close()
     return {"status": "started", "supervisor_pid": proc.pid}
+
+
+async def _check_router(spec: RunSpec) -> None:
+    """`router = true`: the URL must be SGLang's router, checked before anything starts."""
+    if spec.servers.router and spec.servers.urls:
+        try:
+            await asyncio.to_thread(check_router, spec.servers.urls[0], spec.servers.api_key,
+                                    where=f"{spec.source}: [servers] urls[0]")
+        except RouterError as exc:
+            raise RunCtlError(str(exc)) from None
 
 
 def _check_socket_folder() -> None:
