@@ -38,10 +38,6 @@ class ServersSection(msgspec.Struct, forbid_unknown_fields=True):
     # it as one server whose concurrency is the router's as a whole, and the supervisor lists
     # its workers (GET /workers) and watches each one (agents/supervise/router.py).
     router: bool = False
-    # urls = [ONE URL] is SGLang's router (sglang-router), not a server: the engine sends to
-    # it as one server whose concurrency is the router's as a whole, and the supervisor lists
-    # its workers (GET /workers) and watches each one (agents/supervise/router.py).
-    router: bool = False
     gpus: list[int] | None = None
     base_port: int = 30000
     model: str | None = None
@@ -298,8 +294,6 @@ def _check(spec: RunSpec, path: Path) -> None:
                 fail(f"[servers] urls[{i}]", f"{url!r} is not an http(s) URL")
         if spec.servers.router:
             _check_router(spec, fail)
-        if spec.servers.router:
-            _check_router(spec, fail)
         positive = {
             "max_tokens": gen.max_tokens,
             "concurrency_per_server": gen.initial_concurrency,
@@ -339,19 +333,6 @@ def _check(spec: RunSpec, path: Path) -> None:
         fail("[alerts] idle_alert_s", f"must be positive, got {spec.alerts.idle_alert_s}")
     if spec.s3 is not None and not spec.s3.bucket:
         fail("[s3] bucket", "must not be empty")
-
-
-def _check_router(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
-    """`router = true`: one URL, the router's, and one concurrency for it as a whole."""
-    urls = spec.servers.urls or []
-    if len(urls) != 1:
-        fail("[servers] router", f"router = true takes one URL in urls, the router's; got "
-             f"{len(urls)} (its workers are listed by the router itself)")
-    assert spec.generate is not None
-    if spec.generate.auto_concurrency:
-        fail("[generate] concurrency_per_server",
-             '"auto" tunes each server on its own, but behind SGLang\'s router there is one '
-             "server, the router: give a number, the router's concurrency as a whole")
 
 
 def _check_router(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
@@ -625,3 +606,4 @@ def _read_text(path: Path) -> str:
         return data.decode()
     except UnicodeDecodeError as exc:
         raise SpecError(f"{path}: not UTF-8 text: {exc}") from None
+
