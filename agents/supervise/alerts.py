@@ -126,7 +126,8 @@ class AlertBook:
         for s in servers:
             if s.state in ("down", "restarting"):
                 alert(f"server_down:{s.number}", "critical",
-                      f"server {s.number} (GPU {s.gpu}) is {s.state}"
+                      f"server {s.number} ({f'GPU {s.gpu}' if s.gpu is not None else s.url}) "
+                      f"is {s.state}"
                       + (f": {s.last_error}" if s.last_error else ""), s.number)
             cap = s.effective_max_running
             if cap is not None and s.limit > cap:

@@ -44,6 +44,32 @@ log = logging.getLogger("fleetdeck.servers")
 STREAK_RESET_S = 600.0
 
 
+async def fetch_server_info(client: httpx.AsyncClient, url: str, paths: list[str],
+                            api_key: str | None) -> tuple[ServerInfo | None, str | None]:
+    """The server-info body from the path that answered last (`paths`, kept between calls:
+    /server_info, /get_server_info); on a 404 the other path is tried and, if it answers,
+    kept first. A key is sent when the run has one (the endpoint needs it; /health and
+    /metrics do not). Returns the body read, or None and what the server answered."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    answers = []
+    for path in list(paths):
+        resp = await client.get(f"{url}{path}", timeout=5.0, headers=headers)
+        if resp.status_code == 200:
+            if path != paths[0]:
+                paths.remove(path)
+                paths.insert(0, path)
+            try:
+                return read_server_info(resp.json()), None
+            except ValueError:
+                answers.append(f"{path} answered 200 with a body that is not JSON")
+                break
+        answers.append(f"{path} answered {resp.status_code}: "
+                       f"{read_error_body(resp.text).message}")
+        if resp.status_code != 404:
+            break
+    return None, f"figures from {url}: " + "; ".join(answers)
+
+
 class ServerRecord(msgspec.Struct):
     number: int
     gpu: int
@@ -333,28 +359,10 @@ class ServerSet:
                 self.on_figures(server)
 
     async def _server_info(self, server: ManagedServer, paths: list[str]) -> ServerInfo | None:
-        """The server-info body from the path that answered last; on a 404 the other path is
-        tried and, if it answers, kept first. A key is sent when the run has one (the
-        endpoint needs it; /health and /metrics do not)."""
-        headers = {"Authorization": f"Bearer {self.cfg.api_key}"} if self.cfg.api_key else {}
-        answers = []
-        for path in list(paths):
-            resp = await self._client.get(f"{server.url}{path}", timeout=5.0, headers=headers)
-            if resp.status_code == 200:
-                if path != paths[0]:
-                    paths.remove(path)
-                    paths.insert(0, path)
-                try:
-                    return read_server_info(resp.json())
-                except ValueError:
-                    answers.append(f"{path} answered 200 with a body that is not JSON")
-                    break
-            answers.append(f"{path} answered {resp.status_code}: "
-                           f"{read_error_body(resp.text).message}")
-            if resp.status_code != 404:
-                break
-        server.last_error = f"figures from {server.url}: " + "; ".join(answers)
-        return None
+        info, error = await fetch_server_info(self._client, server.url, paths, self.cfg.api_key)
+        if error is not None:
+            server.last_error = error
+        return info
 
     async def stop_all(self) -> None:
         for server in self.servers:
@@ -370,15 +378,21 @@ class ServerSet:
         await self._client.aclose()
 
     def status_fields(self, server: ManagedServer) -> dict[str, Any]:
-        f = server.figures
         return {
             "gpu": server.gpu, "port": server.port, "pid": server.pid,
             "restarts": server.restarts, "started_at": server.started_at,
-            "running_reqs": f.running_reqs, "queued_reqs": f.queued_reqs,
-            "gen_throughput": f.gen_throughput, "token_usage": f.token_usage,
-            "effective_max_running": f.effective_max_running,
-            "accept_length_cum": f.accept_length_cum,
-            "accept_length_window": f.accept_length_window,
-            "accept_length_log": f.accept_length_log,
+            **figure_fields(server.figures),
             "health_checked_at": server.health_checked_at, "metrics_at": server.metrics_at,
         }
+
+
+def figure_fields(f: ServerFigures) -> dict[str, Any]:
+    """SGLang's own figures as fields of a snapshot's server row (ServerStatus)."""
+    return {
+        "running_reqs": f.running_reqs, "queued_reqs": f.queued_reqs,
+        "gen_throughput": f.gen_throughput, "token_usage": f.token_usage,
+        "effective_max_running": f.effective_max_running,
+        "accept_length_cum": f.accept_length_cum,
+        "accept_length_window": f.accept_length_window,
+        "accept_length_log": f.accept_length_log,
+    }

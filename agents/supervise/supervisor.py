@@ -36,6 +36,7 @@ from agents.rundir.control import audit
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, SpecError, load_run_spec
 from agents.supervise.alerts import AlertBook
+from agents.supervise.router import RouterWatch
 from agents.supervise.servers import ManagedServer, ServerSet
 from agents.supervise.snapshot import (
     DiskWatch,
@@ -57,6 +58,8 @@ class Supervisor:
         except SpecError as exc:
             raise SystemExit(f"supervisor for {self.run_dir}: {exc}") from None
         self.servers: ServerSet | None = None
+        # [servers] router = true: the router's workers, watched (rows 1.. after the router's).
+        self.router: RouterWatch | None = None
         self.engine: Engine | None = None
         self.engine_task: asyncio.Task[int] | None = None
         self.train_proc: subprocess.Popen[bytes] | None = None
@@ -120,6 +123,8 @@ class Supervisor:
                 w.close()
             if self.servers is not None:
                 await self.servers.close()
+            if self.router is not None:
+                await self.router.close()
             try:
                 sock.unlink()
             except FileNotFoundError:
@@ -129,6 +134,9 @@ class Supervisor:
         return 0
 
     async def _start_servers(self) -> None:
+        if self.spec.servers.router:
+            self.router = RouterWatch(self.spec)
+            self.router.start()
         if not self.spec.servers.gpus:
             return
         self.servers = ServerSet(self.spec, self.run_dir, on_state=self._server_state,
@@ -253,6 +261,10 @@ class Supervisor:
                 st.last_error = m.last_error or st.last_error
                 st.gpu_stats = self.nvml.stats(m.gpu)
             servers.append(st)
+        if self.router is not None:
+            if servers and self.router.last_error:
+                servers[0].last_error = self.router.last_error
+            servers += self.router.rows()
         disk = self.disk.status(now)
         alerts = self.alerts.evaluate(progress, servers, disk, now)
         status: str
