@@ -32,7 +32,7 @@ import msgspec
 
 from agents.engine.store import parse_done_line
 from agents.engine.uploader import make_s3_client
-from agents.rundir.batchnames import PARTIAL, batch_files
+from agents.rundir.batchnames import PARTIAL, batch_files, in_shard
 from agents.rundir.batchscan import BatchScan, KeySet, ranges_text, scan_batch, spans
 from agents.rundir.schema import (
     UploadRecord,
@@ -41,6 +41,7 @@ from agents.rundir.schema import (
     VerifyReport,
     upload_decoder,
 )
+from agents.rundir.shard import Shard, parse_shard
 from agents.rundir.spec import S3Section, SpecError, load_run_spec
 
 MiB = 1 << 20
@@ -156,6 +157,9 @@ class Verifier:
         self.run_dir = run_dir
         self.comp = run_dir / "completions"
         self.kind, self.spec = run_facts(run_dir)
+        # A shard of a campaign shares its S3 prefix with every other shard: only its own
+        # batches there are its own (batchnames.in_shard); run.pin.json says which it is.
+        self.shard = self.pinned_shard()
         self.progress: dict[str, Any] = {}
         self.done = KeySet()
         self.lines = KeySet()
@@ -260,6 +264,9 @@ class Verifier:
                 Bucket=spec.bucket, Prefix=spec.prefix)
             for page in pages:
                 for obj in page.get("Contents", []):
+                    name = obj["Key"][len(spec.prefix):]
+                    if self.shard is not None and not in_shard(name, self.shard):
+                        continue  # another shard's batch, or the campaign's journals
                     self.objects[obj["Key"]] = S3Object(obj["Size"], obj["ETag"].strip('"'))
             for rec in self.records.values():
                 if rec.bucket != spec.bucket or not rec.key.startswith(spec.prefix):
@@ -271,7 +278,7 @@ class Verifier:
             self.s3_error = f"s3://{spec.bucket}/{spec.prefix}: {exc}"
 
     def scan(self, check: Check) -> None:
-        for path in batch_files(self.comp):
+        for path in batch_files(self.comp, which=self.shard):
             is_open = path.name.endswith(PARTIAL)
             try:
                 scan = scan_batch(path, self.lines, self.part_sizes.get(path.name, []),
@@ -364,6 +371,16 @@ class Verifier:
         objects.summary = f"{len(self.records)} objects with the recorded size and ETag"
         listing.summary = (f"{len(self.objects)} objects under s3://{self.spec.bucket}/"
                            f"{self.spec.prefix} = {len(self.scans)} closed batch files")
+
+    def pinned_shard(self) -> Shard | None:
+        try:
+            text = json.loads((self.run_dir / "run.pin.json").read_bytes()).get("shard")
+        except (OSError, ValueError, AttributeError):
+            return None
+        try:
+            return parse_shard(text, f"{self.run_dir / 'run.pin.json'}: shard") if text else None
+        except ValueError as exc:
+            raise VerifyError(str(exc)) from None
 
     def prompts_lines(self) -> int | None:
         try:

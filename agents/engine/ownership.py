@@ -187,6 +187,10 @@ class Ownership:
                 elif not self.base(i):
                     self.adopted.add(i)
 
+    @property
+    def writable(self) -> bool:
+        return self._file is not None
+
     def write(self, ev: OwnershipEvent) -> None:
         """Journal `ev`, fsynced (blocking: a worker thread may call it); the file is as it
         was when the write fails. `apply` it after, on the thread that reads the sets."""

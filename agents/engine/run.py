@@ -686,7 +686,7 @@ class Engine:
 
     async def _retry_truncated(self, rev: int, max_tokens: int) -> None:
         found = await asyncio.to_thread(find_truncated, self.store.folder, self.store.done,
-                                        self._inflight, max_tokens)
+                                        self._inflight, max_tokens, self.shard)
         events = [requeued(i, a + 1, "truncated") for i, a in found]
         events.append(retry_applied("truncated", rev))
         await self._journal(events)
@@ -743,6 +743,8 @@ class Engine:
         have = self.owner.adopts.get(id_)
         if have is not None:
             return have
+        if not self.owner.writable:
+            raise EngineError(f"{self.run_dir}: the engine has ended; adopt again")
         total = self.pin.prompts_lines
         indices = list(expand(ranges))
         beyond = [i for i in indices if i >= total]

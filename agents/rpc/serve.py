@@ -15,9 +15,19 @@ from typing import Any
 
 import msgspec
 
+from agents.engine import EngineError
+from agents.engine.moves import adopt_offline, cede_offline
+from agents.rpc.campaign import (
+    adopt_params,
+    cede_params,
+    event_reply,
+    launch_check,
+    launch_overrides,
+)
 from agents.rpc.methods import ControlMethods, check_hello
 from agents.rpc.protocol import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     NOT_RUNNING,
     PARSE_ERROR,
     REFUSED,
@@ -31,6 +41,8 @@ from agents.rpc.protocol import (
     error_reply,
     notification,
 )
+from agents.rpc.train_launch import train_overrides
+from agents.rundir.control import audit
 from agents.rundir.control import who as local_who
 from agents.rundir.spec import SpecError, load_run_spec, load_spec
 from agents.supervise.launch import RunCtlError, connect, resume
@@ -192,9 +204,16 @@ class StdioSession:
             from agents.supervise.launch import up
 
             spec_path = p.get("spec")
+            overrides = launch_overrides(p, self.run_dir) | train_overrides(p, spec_path)
+            if p.get("check"):
+                if not spec_path:
+                    raise RpcError(INVALID_PARAMS, "check needs spec")
+                return await asyncio.to_thread(launch_check, str(spec_path), self.run_dir,
+                                               overrides)
             try:
                 if spec_path:
-                    result = await up(load_spec(str(spec_path)), p.get("who"))
+                    result = await up(load_spec(str(spec_path), overrides=overrides or None),
+                                      p.get("who"))
                 else:
                     result = await resume(self.run_dir, p.get("who"))
             except (SpecError, RunCtlError) as exc:
@@ -210,13 +229,37 @@ class StdioSession:
             await self.attach()
             return result
 
+        async def cede(p: dict[str, Any]) -> Any:
+            id_, count = cede_params(p)
+            audit(self.run_dir, "cede", {"id": id_, "count": count}, p.get("who"))
+            try:
+                ev, s3_error = await asyncio.to_thread(cede_offline, self.run_dir, id_, count)
+            except (EngineError, SpecError, OSError, ValueError) as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return event_reply(ev, s3_error)
+
+        async def adopt(p: dict[str, Any]) -> Any:
+            id_, ranges, node, shard = adopt_params(p)
+            audit(self.run_dir, "adopt", {"id": id_, "node": node, "shard": shard},
+                  p.get("who"))
+            try:
+                ev, s3_error = await asyncio.to_thread(adopt_offline, self.run_dir, id_,
+                                                       ranges, node, shard)
+                # No supervisor runs this run: start one, whose engine sends what was adopted.
+                await resume(self.run_dir, p.get("who"))
+            except (EngineError, SpecError, RunCtlError, OSError, ValueError) as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            await self.attach()
+            return event_reply(ev, s3_error)
+
         async def needs_supervisor(p: dict[str, Any]) -> Any:
             raise RpcError(NOT_RUNNING, f"{self.run_dir}: no supervisor is running; "
                            "`resume` starts one")
 
         methods: dict[str, Any] = self.local.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe,
-                       unsubscribe=unsubscribe, launch=launch, resume=resume_,
+                       unsubscribe=unsubscribe, launch=launch, resume=resume_, cede=cede,
+                       adopt=adopt,
                        stop=needs_supervisor, down=needs_supervisor,
                        restart_server=needs_supervisor)
         return methods

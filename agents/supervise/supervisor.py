@@ -19,9 +19,17 @@ from typing import Any
 
 from agents import __version__
 from agents.engine import EngineError
+from agents.engine.moves import adopt_offline, cede_offline
 from agents.engine.run import Engine
 from agents.engine.store import StoreError
 from agents.engine.uploader import S3Unavailable
+from agents.rpc.campaign import (
+    adopt_params,
+    cede_params,
+    event_reply,
+    launch_check,
+    launch_overrides,
+)
 from agents.rpc.methods import ControlMethods, check_hello
 from agents.rpc.protocol import (
     NOT_RUNNING,
@@ -32,6 +40,7 @@ from agents.rpc.protocol import (
     notification,
 )
 from agents.rpc.sockpath import SocketDirError, remove_stale_sockets, socket_path
+from agents.rpc.train_launch import launched_otherwise
 from agents.rundir.control import audit
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, SpecError, load_run_spec
@@ -62,6 +71,7 @@ class Supervisor:
         self.router: RouterWatch | None = None
         self.engine: Engine | None = None
         self.engine_task: asyncio.Task[int] | None = None
+        self._rerun_job = False  # an adopt reached an ending engine: start the next one
         self.train_proc: subprocess.Popen[bytes] | None = None
         self.alerts = AlertBook(self.spec.alerts)
         self.disk = DiskWatch(self.run_dir)
@@ -204,6 +214,10 @@ class Supervisor:
     def _job_ended(self, task: asyncio.Task[int]) -> None:
         if task.cancelled():
             return
+        if self._rerun_job and task.exception() is None:
+            # An adopt came in as the engine ended: a new engine sends what was adopted.
+            self._rerun_job = False
+            self._spawn(self.start_job())
         exc = task.exception()
         if exc is not None:
             self.status = "failed"
@@ -288,7 +302,8 @@ class Supervisor:
             host=socket.gethostname(), status=status, updated_at=now, source="supervisor",
             agent_version=__version__, supervisor_pid=os.getpid(), progress=progress,
             progress_age_s=age, train=train, servers=servers, alerts=alerts, disk=disk,
-            message=self.message or (progress.message if progress else None),
+            message=(self.message or (progress.message if progress else None)
+                     or (train.message if train else None)),
         )
 
     async def _push_loop(self) -> None:
@@ -378,7 +393,66 @@ class Supervisor:
             return {"status": "started"}
 
         async def launch(p: dict[str, Any]) -> Any:
+            if p.get("check"):
+                spec_path = p.get("spec") or str(self.run_dir / "run.toml")
+                return await asyncio.to_thread(launch_check, str(spec_path), self.run_dir,
+                                               launch_overrides(p, self.run_dir))
+            otherwise = launched_otherwise(p, self.spec)
+            if otherwise is not None:
+                raise RpcError(REFUSED, otherwise)
+            wanted = p.get("shard")
+            have = self.spec.shard.text if self.spec.shard else None
+            if wanted is not None and wanted != have:
+                raise RpcError(REFUSED, f"{self.run_dir}: this run is shard {have or 'none'}, "
+                               f"not {wanted}; its supervisor runs what it was launched with")
             return await resume(p)
+
+        async def cede(p: dict[str, Any]) -> Any:
+            id_, count = cede_params(p)
+            audit(self.run_dir, "cede", {"id": id_, "count": count}, p.get("who"))
+            engine = self.engine
+            try:
+                if engine is not None and self.job_running():
+                    have = engine.owner.cedes.get(id_)
+                    if have is None and engine.feed_over:
+                        raise EngineError(f"{self.run_dir}: the run is finishing: nothing left "
+                                          "to cede")
+                    return event_reply(have or await engine.cede(id_, count))
+                ev, s3_error = await asyncio.to_thread(cede_offline, self.run_dir, id_, count)
+                if engine is not None:
+                    engine.owner.apply(ev)  # the ended engine's figures are what status shows
+                return event_reply(ev, s3_error)
+            except (EngineError, SpecError, OSError, ValueError) as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+
+        async def adopt(p: dict[str, Any]) -> Any:
+            id_, ranges, node, shard = adopt_params(p)
+            audit(self.run_dir, "adopt", {"id": id_, "node": node, "shard": shard},
+                  p.get("who"))
+            engine = self.engine
+            try:
+                if engine is not None and self.job_running() and engine.owner.writable:
+                    ev = await engine.adopt(id_, ranges, node, shard)
+                    if engine.feed_over:
+                        # Journaled by an engine that is ending: the next one sends them.
+                        self._rerun_job = True
+                        if not self.job_running():
+                            self._rerun_job = False
+                            await self.start_job()
+                    return event_reply(ev)
+                if self.job_running():  # ending: wait for run.lock to be free
+                    assert self.engine_task is not None
+                    await asyncio.wait({self.engine_task}, timeout=120)
+                ev, s3_error = await asyncio.to_thread(adopt_offline, self.run_dir, id_,
+                                                       ranges, node, shard)
+                if engine is not None:
+                    engine.owner.apply(ev)
+            except (EngineError, SpecError, OSError, ValueError) as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            if not self.job_running() and not self.starting:
+                self.message = None
+                await self.start_job()
+            return event_reply(ev, s3_error)
 
         async def restart_server(p: dict[str, Any]) -> Any:
             n = int(p["server"])
@@ -391,7 +465,8 @@ class Supervisor:
 
         methods: dict[str, Any] = self.control.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe, unsubscribe=unsubscribe,
-                       stop=stop, down=down, resume=resume, launch=launch,
+                       stop=stop, down=down, resume=resume, launch=launch, cede=cede,
+                       adopt=adopt,
                        restart_server=restart_server)
         return methods
 
