@@ -15,7 +15,7 @@ from agents.engine.ownership import OwnershipError, OwnershipEvent, check_ranges
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, RpcError
 from agents.rundir.schema import pin_decoder
 from agents.rundir.shard import parse_shard
-from agents.rundir.spec import SpecError, load_spec
+from agents.rundir.spec import RunSpec, SpecError, load_spec
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -78,15 +78,30 @@ def launch_overrides(p: dict[str, Any], run_dir: Path) -> dict[str, dict[str, An
     return out
 
 
+def spec_for_launch(spec_path: str, overrides: dict[str, dict[str, Any]]) -> RunSpec:
+    """The spec a launch starts: the file with the campaign's keys over it. A file that names
+    a shard of its own other than the one the campaign gives is refused (two nodes would both
+    think they are that shard)."""
+    try:
+        own = load_spec(spec_path)
+        spec = load_spec(spec_path, overrides=overrides or None)
+    except SpecError as exc:
+        raise RpcError(REFUSED, str(exc)) from None
+    mine = own.generate.shard if own.generate is not None else None
+    given = overrides.get("generate", {}).get("shard")
+    if mine is not None and given is not None and parse_shard(mine, spec_path).text != given:
+        raise RpcError(REFUSED, f"{spec_path}: [generate] shard = {mine!r} in the file, but "
+                       f"the campaign makes this node {given}: remove the shard from the "
+                       "file (the campaign sets it) or fix the campaign")
+    return spec
+
+
 def launch_check(spec_path: str, run_dir: Path, overrides: dict[str, dict[str, Any]]
                  ) -> dict[str, Any]:
     """A campaign's check round: load the spec as the launch would, and say what this node
     would pin (a pinned run dir answers from its pin: a shard or a prompts file other than
     the pinned one is refused here, before any node starts)."""
-    try:
-        spec = load_spec(spec_path, overrides=overrides)
-    except SpecError as exc:
-        raise RpcError(REFUSED, str(exc)) from None
+    spec = spec_for_launch(spec_path, overrides)
     out: dict[str, Any] = {"run_dir": str(run_dir), "kind": spec.run.kind,
                            "shard": spec.shard.text if spec.shard else None}
     if spec.generate is None:
@@ -111,4 +126,4 @@ def launch_check(spec_path: str, run_dir: Path, overrides: dict[str, dict[str, A
 
 
 __all__ = ["adopt_params", "cede_params", "event_reply", "launch_check", "launch_overrides",
-           "move_id"]
+           "move_id", "spec_for_launch"]

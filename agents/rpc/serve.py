@@ -23,6 +23,7 @@ from agents.rpc.campaign import (
     event_reply,
     launch_check,
     launch_overrides,
+    spec_for_launch,
 )
 from agents.rpc.methods import ControlMethods, check_hello
 from agents.rpc.protocol import (
@@ -44,7 +45,7 @@ from agents.rpc.protocol import (
 from agents.rpc.train_launch import train_overrides
 from agents.rundir.control import audit
 from agents.rundir.control import who as local_who
-from agents.rundir.spec import SpecError, load_run_spec, load_spec
+from agents.rundir.spec import SpecError, load_run_spec
 from agents.supervise.launch import RunCtlError, connect, resume
 from agents.supervise.snapshot import from_disk
 
@@ -212,8 +213,8 @@ class StdioSession:
                                                overrides)
             try:
                 if spec_path:
-                    result = await up(load_spec(str(spec_path), overrides=overrides or None),
-                                      p.get("who"))
+                    spec = await asyncio.to_thread(spec_for_launch, str(spec_path), overrides)
+                    result = await up(spec, p.get("who"))
                 else:
                     result = await resume(self.run_dir, p.get("who"))
             except (SpecError, RunCtlError) as exc:
