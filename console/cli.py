@@ -24,7 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trust an unknown host key (never a changed one)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per call, seconds")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("status", help="status of every node (or --node NAME)")
+    p = sub.add_parser("status", help="status of every node (or one node, or a campaign's "
+                       "roll-up: status NAME)")
+    p.add_argument("target", nargs="?", default=None, metavar="NAME",
+                   help="a node, or a campaign (one roll-up of its shards)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--watch", action="store_true")
     p.add_argument("--interval", type=float, default=1.0)

@@ -70,8 +70,8 @@ class NodeStatus:
                 "snapshot": self.raw}
 
 
-async def _status_once(fleet: Fleet, nodes: list[Node], accept_new: bool
-                       ) -> list[NodeStatus]:
+async def status_once(fleet: Fleet, nodes: list[Node], accept_new: bool
+                      ) -> list[NodeStatus]:
     async def one(node: Node) -> NodeStatus:
         try:
             link = await open_link(node, accept_new)
@@ -142,12 +142,21 @@ def _alerting(entries: list[NodeStatus]) -> bool:
 
 
 async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
-    nodes = [fleet.node(args.node)] if args.node else fleet.nodes
+    target = getattr(args, "target", None)
+    if target is not None and args.node is not None:
+        say(f"fleetdeck status: give {target} or --node {args.node}, not both")
+        return EXIT_USAGE
+    if target is not None and fleet.has_campaign(target):
+        from console.campaign_verbs import cmd_campaign_status
+
+        return await cmd_campaign_status(fleet, fleet.campaign(target), args)
+    name = target or args.node
+    nodes = [fleet.node(name)] if name else fleet.nodes
     if not nodes:
         say(f"{fleet.source}: no nodes")
         return EXIT_USAGE
     while True:
-        entries = await _status_once(fleet, nodes, args.accept_new_host_key)
+        entries = await status_once(fleet, nodes, args.accept_new_host_key)
         if args.json:
             print(json.dumps({"time": time.time(), "nodes": [e.to_json() for e in entries]}),
                   flush=True)
@@ -184,6 +193,10 @@ VERB_PARAMS: dict[str, Any] = {
 
 
 async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
+    if fleet.has_campaign(args.node_name):
+        from console.campaign_verbs import cmd_campaign_verb
+
+        return await cmd_campaign_verb(fleet, args)
     method = args.method
     action = BY_ID.get(method)
     if action is not None and action.dangerous:
@@ -235,7 +248,8 @@ def _resize_value(text: str) -> int | str:
 def add_verbs(sub: Any) -> None:
     def verb(name: str, method: str, help_: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = sub.add_parser(name, help=help_)
-        p.add_argument("node_name", metavar="NODE")
+        p.add_argument("node_name", metavar="NODE", help="a node, or a campaign: every node "
+                       "of it gets the call (launch, status and the control verbs)")
         p.set_defaults(method=method, runner=cmd_verb)
         if BY_ID.get(method) and BY_ID[method].dangerous:
             p.add_argument("--yes", action="store_true", help="confirm a dangerous action")
@@ -243,7 +257,8 @@ def add_verbs(sub: Any) -> None:
             p.set_defaults(yes=True)
         return p
 
-    p = verb("launch", "launch", "start the run on NODE (its spec, or --spec PATH on the node)")
+    p = verb("launch", "launch", "start the run on NODE (its spec, or --spec PATH on the node); "
+             "on a CAMPAIGN every node's shard, after a check round on all of them")
     p.add_argument("--spec", default=None)
     p = verb("stop", "stop", "drain and stop the job (servers stay)")
     p.add_argument("--servers", action="store_true")

@@ -6,16 +6,25 @@ node as its own audited call."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from agents.rundir.schema import Alert, Snapshot
+from agents.rundir.schema import Alert, RunPin, Snapshot
 from console.campaign import Member, human, roll_up
+from console.campaign_verbs import check_problems
 from console.fleet import Campaign, Fleet, FleetError, Node, load_fleet
 from tests.console import data as d
+from tests.console_headless.test_headless_ssh import AGENT, fleetdeck, node_toml
+from tests.engine.runs import write_prompts, write_spec
+from tests.plugins.supervised import agent, kill_run, wait_status
+from tests.servers.ports import free_ports
+from tests.servers.s3 import S3Server
+from tests.servers.sshd import SshServer
 
 
 def node(name: str, role: str = "generate", spec: str | None = None) -> str:
@@ -178,3 +187,213 @@ def test_a_node_on_another_shard_or_campaign_is_named() -> None:
     assert r.warnings == ["gen-1 runs shard 2/3; the fleet file gives it 0/3",
                           "gen-2 runs for campaign 'other', not 'traces'"]
     assert r.answered == 2 and r.shards[2].link == "unknown"
+
+
+# -- launch, status and the verbs on a campaign, over the real sshd -------------------------------
+
+@dataclass
+class CampaignNodes:
+    fleet: Path
+    run_dirs: dict[str, Path]
+    specs: dict[str, Path]
+    prompts: dict[str, Path]
+
+    def started(self) -> list[str]:
+        """The nodes where anything was launched: a supervisor, or a run.toml copied in."""
+        return [n for n, rd in self.run_dirs.items()
+                if (rd / "supervisor.pid").exists() or (rd / "run.toml").exists()]
+
+
+@dataclass
+class NoS3:
+    """An [s3] section for a campaign that never starts (a shard needs one; nothing is sent)."""
+
+    bucket: str = "never-used"
+    endpoint_url: str = "http://127.0.0.1:9"
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+
+def make_campaign(tmp_path: Path, sshd: SshServer, urls: list[str], s3: Any = None,
+                  prompts: int = 200, down: tuple[str, ...] = ()) -> CampaignNodes:
+    """gen-1 and gen-2, each with its own folder, prompts file (the same bytes) and spec; one
+    campaign `traces` of both, writing to one S3 prefix. Nodes in `down` point at a closed
+    port. The S3 keys reach the engine the way an operator's would: in the agent's
+    environment on the node."""
+    closed = free_ports(1)[0]
+    s3 = s3 or NoS3()
+    agent_cmd = " ".join(["env", *(f"{k}={v}" for k, v in s3.env().items()), AGENT])
+    text, run_dirs, specs, files = "", {}, {}, {}
+    for i, name in enumerate(("gen-1", "gen-2")):
+        folder = tmp_path / name
+        folder.mkdir()
+        files[name] = folder / "prompts.jsonl"
+        write_prompts(files[name], prompts)
+        specs[name] = write_spec(folder / "run.toml", files[name], [urls[i]], s3=s3,
+                                 batch_size=20)
+        run_dirs[name] = folder / "run"
+        text += node_toml(name, sshd, run_dirs[name], port=closed if name in down else None,
+                          agent_cmd=agent_cmd)
+        text += f'spec = "{specs[name]}"\n'
+    text += campaign("traces", ["gen-1", "gen-2"])
+    return CampaignNodes(fleet_file(tmp_path, text), run_dirs, specs, files)
+
+
+def pin_shard(spec: Path, shard: str) -> None:
+    """The node's own spec already pins a shard (the fleet file's is then not the one run)."""
+    spec.write_text(spec.read_text().replace("[generate]\n", f'[generate]\nshard = "{shard}"\n'))
+
+
+def refused(nodes: CampaignNodes, *names: str) -> None:
+    """`launch CAMPAIGN --yes` exits 2 naming each of `names`, and nothing starts anywhere."""
+    r = fleetdeck(nodes.fleet, "launch", "traces", "--yes")
+    assert r.returncode == 2, r.stdout + r.stderr
+    for name in (*names, "nothing was started"):
+        assert name in r.stderr, f"{name!r} not in:\n{r.stderr}"
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert nodes.started() == [], "a refused campaign started something"
+
+
+def test_a_campaign_that_would_not_split_cleanly_starts_nowhere(tmp_path: Path,
+                                                                 sshd: SshServer) -> None:
+    nodes = make_campaign(tmp_path, sshd, ["http://127.0.0.1:9", "http://127.0.0.1:9"])
+    try:
+        r = fleetdeck(nodes.fleet, "launch", "traces")  # dangerous: --yes, as any launch
+        assert r.returncode == 2 and "add --yes" in r.stderr
+        r = fleetdeck(nodes.fleet, "--read-only", "launch", "traces", "--yes")
+        assert r.returncode == 2 and "read-only" in r.stderr
+
+        # Prompt files that differ by one line: their sha256 differ.
+        with open(nodes.prompts["gen-2"], "a") as f:
+            f.write('{"messages": [{"role": "user", "content": "one more"}]}\n')
+        refused(nodes, "prompt files differ", "gen-1: ", "gen-2: ", "200 lines", "201 lines")
+        write_prompts(nodes.prompts["gen-2"], 200)
+
+        # Two nodes both 0/2: gen-2's own spec pins the shard the fleet file gives gen-1.
+        gen2 = nodes.specs["gen-2"]
+        plain = gen2.read_text()
+        pin_shard(gen2, "0/2")
+        refused(nodes, "gen-2", "0/2", "1/2")
+        # A 9/8 there: no such shard.
+        gen2.write_text(plain)
+        pin_shard(gen2, "9/8")
+        refused(nodes, "gen-2", "9/8")
+        gen2.write_text(plain)
+
+        # gen-2's run dir was an earlier campaign's shard 0/2: a run dir holds one shard.
+        run_dir = nodes.run_dirs["gen-2"]
+        run_dir.mkdir()
+        pin = RunPin(prompts_path=str(nodes.prompts["gen-2"]), prompts_sha256="0" * 64,
+                     prompts_lines=200, prompts_size=1, prompts_mtime_ns=1, model="m",
+                     sampling={}, chat_template_kwargs={}, created_at=d.T0, shard="0/2")
+        (run_dir / "run.pin.json").write_bytes(msgspec.json.encode(pin))
+        refused(nodes, "gen-2", "pinned to shard 0/2")
+    finally:
+        for rd in nodes.run_dirs.values():
+            kill_run(rd)
+
+
+def answer(shard: str, sha: str = "a" * 64, lines: int = 200, run_dir: str = "") -> dict[str, Any]:
+    return {"shard": shard, "prompts_sha256": sha, "prompts_lines": lines, "run_dir": run_dir}
+
+
+def test_the_check_round_names_every_problem_in_the_answers() -> None:
+    """What the nodes said in the check round, judged (console/campaign_verbs.py): the same
+    prompts, shards that split the set exactly once, a run directory each."""
+    fleet = three_nodes()
+    c = fleet.campaign("traces")
+    ok = {"gen-1": answer("0/3", run_dir="/r/1"), "gen-2": answer("1/3", run_dir="/r/2"),
+          "gen-3": answer("2/3", run_dir="/r/3")}
+    assert check_problems(fleet, c, ok) == []
+    both = {**ok, "gen-3": answer("1/3", run_dir="/r/3")}
+    assert check_problems(fleet, c, both) == [
+        "shards overlap: gen-2 and gen-3 are both 1/3 (their indices would be sent twice)"]
+    (bad,) = check_problems(fleet, c, {**ok, "gen-3": answer("9/8", run_dir="/r/3")})
+    assert "gen-3's check answer: shard 9/8" in bad
+    (bad,) = check_problems(fleet, c, {**ok, "gen-1": answer("0/4", run_dir="/r/1")})
+    assert "do not agree on N" in bad
+    (bad,) = check_problems(fleet, c, {**ok, "gen-2": answer("1/3", "b" * 64, 201, "/r/2")})
+    assert "prompt files differ" in bad and "gen-2: " + "b" * 64 + " (201 lines)" in bad
+    (bad,) = check_problems(fleet, c, {**ok, "gen-3": answer("2/3", run_dir="/r/1")})
+    assert bad == "gen-1 and gen-3 would share the run directory /r/1 on local"
+    swapped = {**ok, "gen-1": answer("1/3", run_dir="/r/1"),
+               "gen-2": answer("0/3", run_dir="/r/2")}
+    (bad,) = check_problems(fleet, c, swapped)
+    assert "gen-1 would run 1/3, not 0/3" in bad
+
+
+def test_an_unreachable_node_stops_the_launch_on_every_node(tmp_path: Path,
+                                                            sshd: SshServer) -> None:
+    nodes = make_campaign(tmp_path, sshd, ["http://127.0.0.1:9"] * 2, down=("gen-2",))
+    try:
+        r = fleetdeck(nodes.fleet, "launch", "traces", "--yes")
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "gen-2: launch check:" in r.stderr and "nothing was started" in r.stderr
+        assert nodes.started() == []  # gen-1 answered, and still got nothing
+        # A control verb on the campaign: each node's answer named; a refusal (gen-1 has no
+        # run yet) is exit 1, over an unreachable node's 3.
+        r = fleetdeck(nodes.fleet, "pause", "traces")
+        assert r.returncode == 1 and "gen-1: pause: " in r.stderr and "not a run directory" \
+            in r.stderr and "gen-2: pause: gen-2: connection refused" in r.stderr, r.stderr
+        # A dangerous verb on a campaign needs --yes like on one node.
+        r = fleetdeck(nodes.fleet, "stop", "traces")
+        assert r.returncode == 2 and "every node of campaign traces" in r.stderr
+    finally:
+        for rd in nodes.run_dirs.values():
+            kill_run(rd)
+
+
+def test_a_two_node_campaign_launches_and_rolls_up(tmp_path: Path, sshd: SshServer,
+                                                   sims: Any, s3: S3Server) -> None:
+    urls = [sims().url, sims().url]
+    nodes = make_campaign(tmp_path, sshd, urls, s3)
+    try:
+        r = fleetdeck(nodes.fleet, "launch", "traces", "--yes", timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "check passed on 2 nodes" in r.stderr
+        assert [line.split(":")[0] for line in r.stdout.splitlines()] == ["gen-1", "gen-2"]
+        for rd in nodes.run_dirs.values():
+            wait_status(rd, lambda s: s["status"] == "done", 90, f"{rd} done")
+
+        r = fleetdeck(nodes.fleet, "status", "traces", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        roll, entries = out["campaign"], out["nodes"]
+        own = {e["node"]: e["snapshot"]["progress"] for e in entries}
+        assert [e["node"] for e in entries] == ["gen-1", "gen-2"]
+        # Each node ran its own shard: 100 of the 200 indices, i % 2 == K.
+        assert own["gen-1"]["shard"] == "0/2" and own["gen-2"]["shard"] == "1/2"
+        assert own["gen-1"]["campaign"] == "traces" == own["gen-2"]["campaign"]
+        assert [own[n]["total"] for n in ("gen-1", "gen-2")] == [100, 100]
+        for k, name in enumerate(("gen-1", "gen-2")):
+            done = {int(line.split()[0]) for line in (nodes.run_dirs[name] / "completions"
+                    / ".done_indices").read_text().split("\n") if line}
+            assert done == set(range(k, 200, 2)), name
+        # The roll-up is the nodes' own figures added up.
+        for key in ("completed", "total", "failed", "truncated"):
+            assert roll[key] == sum(p[key] for p in own.values()), key
+        assert (roll["completed"], roll["total"], roll["status"]) == (200, 200, "done")
+        assert roll["statuses"] == {"done": 2} and roll["answered"] == 2
+        assert [(s["node"], s["shard"], s["completed"]) for s in roll["shards"]] == \
+            [("gen-1", "0/2", own["gen-1"]["completed"]), ("gen-2", "1/2",
+                                                            own["gen-2"]["completed"])]
+        assert roll["warnings"] == [] and roll["unadopted"] == []
+        r = fleetdeck(nodes.fleet, "status", "traces")
+        assert r.returncode == 0 and "campaign traces: generate done  200/200 done" in r.stdout
+
+        # A control verb on the campaign: each node's own call, each in its own audit trail.
+        r = fleetdeck(nodes.fleet, "max-tokens", "traces", "512")
+        assert r.returncode == 0, r.stderr
+        assert [line.split(":")[0] for line in r.stdout.splitlines()] == ["gen-1", "gen-2"]
+        for rd in nodes.run_dirs.values():
+            trail = [json.loads(x) for x in (rd / "control.log.jsonl").read_text().splitlines()]
+            assert [(t["method"], t["params"].get("value")) for t in trail][-1] == \
+                ("max_tokens", 512)
+        r = fleetdeck(nodes.fleet, "logs", "traces")  # one node's verb
+        assert r.returncode == 2 and "traces is a campaign" in r.stderr
+    finally:
+        for rd in nodes.run_dirs.values():
+            if (rd / "supervisor.pid").exists():
+                agent("down", str(rd), "--yes")
+            kill_run(rd)

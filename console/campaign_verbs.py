@@ -1,0 +1,262 @@
+"""The headless verbs on a campaign: `launch CAMPAIGN --yes` (a check round on every node, then
+every shard started), `status CAMPAIGN` (one roll-up) and the control verbs sent to every node
+of a campaign, each as that node's own call (so each node audits it). Exit codes as headless:
+0 ok, 1 a node refused, 2 usage or input (nothing started), 3 a node unreachable."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from agents.rpc.protocol import RpcError
+from agents.rundir.shard import Shard, parse_shard, partition_problem
+from console import campaign as rollup
+from console.actions import BY_ID
+from console.fleet import Campaign, Fleet, Node
+from console.headless import (
+    EXIT_CHECK,
+    EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    VERB_PARAMS,
+    NodeStatus,
+    open_link,
+    say,
+    status_once,
+)
+from console.sanitize import shown
+from console.transport import AgentLink, Unreachable
+
+# Verbs that take a campaign's name for a node's: each node gets the same call.
+FAN_OUT = frozenset({"pause", "unpause", "resize", "max_tokens", "retry", "resume", "stop",
+                     "down"})
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One node's answer to one call: its result, or why there is none."""
+
+    node: str
+    result: Any = None
+    refused: str | None = None  # the agent answered with an error
+    unreachable: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.refused is None and self.unreachable is None
+
+    @property
+    def why(self) -> str:
+        return self.refused or self.unreachable or ""
+
+
+async def _open_all(fleet: Fleet, nodes: list[Node], accept_new: bool
+                    ) -> tuple[dict[str, AgentLink], list[Outcome]]:
+    async def one(node: Node) -> AgentLink | Outcome:
+        try:
+            return await open_link(node, accept_new)
+        except (Unreachable, OSError) as exc:
+            return Outcome(node.name, unreachable=str(exc))
+
+    opened = await asyncio.gather(*(one(n) for n in nodes))
+    links = {n.name: x for n, x in zip(nodes, opened, strict=True) if isinstance(x, AgentLink)}
+    return links, [x for x in opened if isinstance(x, Outcome)]
+
+
+async def _call_all(links: dict[str, AgentLink], method: str,
+                    params: dict[str, dict[str, Any]], timeout: float) -> list[Outcome]:
+    """The same method on every link at once, each with its own params."""
+    async def one(name: str, link: AgentLink) -> Outcome:
+        try:
+            return Outcome(name, await link.call(method, params[name], timeout=timeout))
+        except RpcError as exc:
+            return Outcome(name, refused=exc.message)
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            return Outcome(name, unreachable=str(exc) or type(exc).__name__)
+
+    return list(await asyncio.gather(*(one(n, link) for n, link in links.items())))
+
+
+async def _close_all(links: dict[str, AgentLink]) -> None:
+    await asyncio.gather(*(link.close() for link in links.values()), return_exceptions=True)
+
+
+def _report(outcomes: list[Outcome], method: str, order: list[str]) -> int:
+    """A line per node (results on stdout, refusals on stderr); the exit code of the worst."""
+    by_node = {o.node: o for o in outcomes}
+    for name in order:
+        o = by_node[name]
+        if o.ok:
+            print(f"{name}: {json.dumps(o.result)}", flush=True)
+        else:
+            say(f"{name}: {method}: {shown(o.why)}")
+    if any(o.refused is not None for o in outcomes):
+        return EXIT_CHECK
+    if any(o.unreachable is not None for o in outcomes):
+        return EXIT_UNREACHABLE
+    return EXIT_OK
+
+
+def dangerous_refusal(fleet: Fleet, args: argparse.Namespace, what: str) -> str | None:
+    if fleet.console.read_only or args.read_only:
+        return f"fleetdeck {args.command}: not allowed in read-only mode"
+    if not args.yes:
+        return f"fleetdeck {args.command}: a dangerous action on {what}; add --yes"
+    return None
+
+
+async def cmd_campaign_verb(fleet: Fleet, args: argparse.Namespace) -> int:
+    """A control verb on every node of the campaign, each node's own call (and audit line)."""
+    campaign = fleet.campaign(args.node_name)
+    method = args.method
+    if method == "launch":
+        return await cmd_launch(fleet, campaign, args)
+    if method not in FAN_OUT:
+        say(f"fleetdeck {args.command}: {campaign.name} is a campaign; {args.command} takes a "
+            f"node (on a campaign: launch, status, "
+            f"{', '.join(sorted(m.replace('_', '-') for m in FAN_OUT))})")
+        return EXIT_USAGE
+    action = BY_ID.get(method)
+    if action is not None and action.dangerous:
+        refusal = dangerous_refusal(fleet, args, f"every node of campaign {campaign.name} "
+                                    f"({', '.join(campaign.nodes)})")
+        if refusal is not None:
+            say(refusal)
+            return EXIT_USAGE
+    params = VERB_PARAMS[method](args)
+    nodes = [fleet.node(n) for n in campaign.nodes]
+    links, unreachable = await _open_all(fleet, nodes, args.accept_new_host_key)
+    try:
+        outcomes = await _call_all(links, method, {n: params for n in links}, args.timeout)
+    finally:
+        await _close_all(links)
+    return _report(outcomes + unreachable, method, campaign.nodes)
+
+
+# -- launch -------------------------------------------------------------------------------------
+
+def launch_params(fleet: Fleet, campaign: Campaign, node: Node, spec: str | None
+                  ) -> dict[str, Any]:
+    """What `launch` carries for one node: its spec, its shard (a training campaign: its rank
+    and the node count) and the campaign's name."""
+    params: dict[str, Any] = {"campaign": campaign.name}
+    chosen = spec or campaign.spec_for(node)
+    if chosen:
+        params["spec"] = chosen
+    if fleet.campaign_role(campaign) == "train":
+        params["node_rank"] = campaign.position(node.name)
+        params["nnodes"] = len(campaign.nodes)
+    else:
+        params["shard"] = campaign.shard(node.name)
+    return params
+
+
+def check_problems(fleet: Fleet, campaign: Campaign, answers: dict[str, Any]) -> list[str]:
+    """Why the check round's answers forbid a launch (empty: go). Every node must run the same
+    prompts file (sha256 and line count) and the shards they would run must split it exactly
+    once; two nodes on one machine must not share a run directory."""
+    problems: list[str] = []
+    if fleet.campaign_role(campaign) == "generate":
+        digests: dict[str, list[str]] = {}
+        for name in campaign.nodes:
+            a = answers[name]
+            key = f"{a.get('prompts_sha256')} ({a.get('prompts_lines')} lines)"
+            digests.setdefault(key, []).append(name)
+        if len(digests) > 1:
+            listed = "; ".join(f"{', '.join(nodes)}: {key}" for key, nodes in digests.items())
+            problems.append(f"the nodes' prompt files differ (sha256: {listed}); every shard "
+                            "must read the same prompts file")
+        shards: list[tuple[str, Shard]] = []
+        for name in campaign.nodes:
+            text = answers[name].get("shard")
+            try:
+                shards.append((name, parse_shard(text, f"{name}'s check answer")))
+            except ValueError as exc:
+                problems.append(str(exc))
+        if len(shards) == len(campaign.nodes):
+            bad = partition_problem(shards)
+            if bad is not None:
+                problems.append(bad)
+            moved = [f"{name} would run {s.text}, not {campaign.shard(name)}"
+                     for name, s in shards if s.text != campaign.shard(name)]
+            if moved and bad is None:
+                problems.append("shards differ from the fleet file's: " + "; ".join(moved))
+    places: dict[tuple[str, str], list[str]] = {}
+    for name in campaign.nodes:
+        node = fleet.node(name)
+        host = "local" if node.local else f"{node.host}:{node.port or 22}"
+        run_dir = str(answers[name].get("run_dir") or node.run_dir)
+        places.setdefault((host, run_dir), []).append(name)
+    for (host, run_dir), names in places.items():
+        if len(names) > 1:
+            problems.append(f"{' and '.join(names)} would share the run directory {run_dir} "
+                            f"on {host}")
+    return problems
+
+
+async def cmd_launch(fleet: Fleet, campaign: Campaign, args: argparse.Namespace) -> int:
+    refusal = dangerous_refusal(fleet, args, f"every node of campaign {campaign.name} "
+                                f"({', '.join(campaign.nodes)})")
+    if refusal is not None:
+        say(refusal)
+        return EXIT_USAGE
+    nodes = [fleet.node(n) for n in campaign.nodes]
+    params = {n.name: launch_params(fleet, campaign, n, args.spec) for n in nodes}
+    links, unreachable = await _open_all(fleet, nodes, args.accept_new_host_key)
+    try:
+        checks = await _call_all(links, "launch", {n: {**params[n], "check": True}
+                                                   for n in links}, args.timeout)
+        failed = [o for o in checks + unreachable if not o.ok]
+        if failed:
+            for o in sorted(failed, key=lambda o: campaign.nodes.index(o.node)):
+                say(f"{o.node}: launch check: {shown(o.why)}")
+            say(f"campaign {campaign.name}: not launched: every node must pass the check "
+                "first; nothing was started on any node")
+            return EXIT_UNREACHABLE if all(o.unreachable for o in failed) else EXIT_USAGE
+        answers = {o.node: o.result if isinstance(o.result, dict) else {} for o in checks}
+        problems = check_problems(fleet, campaign, answers)
+        if problems:
+            for p in problems:
+                say(f"campaign {campaign.name}: {shown(p)}")
+            say(f"campaign {campaign.name}: not launched; nothing was started on any node")
+            return EXIT_USAGE
+        say(f"campaign {campaign.name}: check passed on {len(nodes)} nodes; launching")
+        outcomes = await _call_all(links, "launch", params, max(args.timeout, 180.0))
+    finally:
+        await _close_all(links)
+    return _report(outcomes, "launch", campaign.nodes)
+
+
+# -- status -------------------------------------------------------------------------------------
+
+def members(entries: list[NodeStatus]) -> list[rollup.Member]:
+    return [rollup.Member(e.node, e.link, e.snapshot, e.error or e.unreadable)
+            for e in entries]
+
+
+async def cmd_campaign_status(fleet: Fleet, campaign: Campaign, args: argparse.Namespace
+                              ) -> int:
+    nodes = [fleet.node(n) for n in campaign.nodes]
+    while True:
+        entries = await status_once(fleet, nodes, args.accept_new_host_key)
+        r = rollup.roll_up(fleet, campaign, members(entries))
+        if args.json:
+            print(json.dumps({"time": time.time(), "campaign": msgspec.to_builtins(r),
+                              "nodes": [e.to_json() for e in entries]}), flush=True)
+        else:
+            for line in rollup.human(r):
+                print(shown(line), flush=True)
+        if args.exit_on_alert and r.alerts:
+            return EXIT_CHECK
+        if not args.watch:
+            break
+        await asyncio.sleep(args.interval)
+    if any(e.link != "connected" for e in entries):
+        return EXIT_UNREACHABLE
+    return EXIT_OK
