@@ -1,6 +1,8 @@
 """Actions on a campaign's row or screen: asked once, then sent to every node of the campaign
 as that node's own call (each node audits it under its own `who`), all at once; each node's
-outcome is reported as it would be for that node alone, then a line for the whole."""
+outcome is reported as it would be for that node alone, then a line for the whole. Launch
+asks every node first (the check round of console/campaign_launch.py) and starts nothing
+unless all of them pass."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from console.actions import BY_ID
+from console.campaign_launch import check_problems, launch_params, spec_problem
 from console.fleet import Campaign
 from console.tui.handlers import Controls
 from console.tui.port import ActionPort
@@ -18,7 +21,7 @@ from console.tui.widgets.retry import RetryModal
 
 # What a campaign row answers to; anything else is one node's business.
 CAMPAIGN_ACTIONS = ("pause", "unpause", "resize", "resize_up", "resize_down", "autotune",
-                    "max_tokens", "retry")
+                    "max_tokens", "retry", "launch")
 
 
 class CampaignControls:
@@ -109,3 +112,43 @@ class CampaignControls:
         if what:
             await self.each(campaign, f"retry {what}", lambda n: self.controls.simple(
                 n, "retry", f"retry {what}: re-queued", {"what": what}))
+
+    async def launch(self, campaign: Campaign) -> None:
+        fleet = self.port.fleet
+        missing = spec_problem(fleet, campaign)
+        if missing is not None:
+            self.port.report(campaign.name, missing, ok=False)
+            return
+        what = "rank" if fleet.campaign_role(campaign) == "train" else "shard"
+        each = ", ".join(f"{n} {campaign.shard(n)}" for n in campaign.nodes)
+        if not await self.controls.confirm(
+                f"Launch campaign {campaign.name} on {len(campaign.nodes)} nodes?",
+                f"Each node starts its {what} ({each}) after every node has passed a check "
+                f"(the same prompts file, shards that split it exactly once); if one fails, "
+                f"nothing starts anywhere."):
+            return
+        params = {n: launch_params(fleet, campaign, fleet.node(n), None) for n in campaign.nodes}
+        checks = await asyncio.gather(*(self.controls.call(
+            n, "launch", {**params[n], "check": True}, timeout=120) for n in campaign.nodes))
+        answers = {n: a for n, a in zip(campaign.nodes, checks, strict=True)
+                   if isinstance(a, dict)}
+        if len(answers) < len(campaign.nodes):
+            failed = [n for n in campaign.nodes if n not in answers]
+            self.port.report(campaign.name, f"not launched: {', '.join(failed)} did not pass "
+                             "the check; nothing was started on any node", ok=False)
+            return
+        problems = check_problems(fleet, campaign, answers)
+        if problems:
+            self.port.report(campaign.name, "not launched: " + "; ".join(problems)
+                             + "; nothing was started on any node", ok=False)
+            return
+
+        async def start(n: str) -> Any:
+            reply = await self.controls.call(n, "launch", params[n], timeout=180)
+            if isinstance(reply, dict):
+                said = reply.get("status") or f"started, supervisor pid " \
+                    f"{reply.get('supervisor_pid')}"
+                self.port.report(n, f"launch ({what} {campaign.shard(n)}): {said}")
+            return reply
+
+        await self.each(campaign, "launch", start)

@@ -17,7 +17,7 @@ from console.tui.screens.node import GenerateScreen
 from tests.console import data as d
 from tests.console.conftest import start_run, stop_run, until
 from tests.console.screen import Recorder, progress, screen_text
-from tests.console.test_actions_live import answer_value
+from tests.console.test_actions_live import answer_value, confirm
 
 SIZE = (160, 48)
 AGENT = f"{sys.executable} -m agents.cli"
@@ -34,8 +34,8 @@ def audited(run_dir: Path) -> list[str]:
 async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> None:
     runs = [start_run(tmp_path / f"node{i}", prompts=20_000, servers=1) for i in range(2)]
     try:
-        nodes = [Node(name=f"gen-{i + 1}", run_dir=str(r.run_dir), local=True, agent=AGENT)
-                 for i, r in enumerate(runs)]
+        nodes = [Node(name=f"gen-{i + 1}", run_dir=str(r.run_dir), local=True, agent=AGENT,
+                      spec=str(r.spec)) for i, r in enumerate(runs)]
         fleet = Fleet(nodes=nodes, campaigns=[Campaign("traces", ["gen-1", "gen-2"])],
                       console=ConsoleSettings(bell=False), source="test-fleet")
         rec = Recorder()
@@ -52,6 +52,18 @@ async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> Non
             text = screen_text(app)
             assert text.index("▸ traces") < text.index("└ gen-1 0/2") < text.index("└ gen-2 1/2")
             assert app.current_campaign() == "traces" and app.current_node() is None
+
+            # Launch on the campaign: the check round refuses (these run dirs hold unsharded
+            # runs already), each node says why, and nothing starts or stops anywhere.
+            launches = [audited(r.run_dir).count("launch") for r in runs]
+            await pilot.press("L")
+            await confirm(pilot, app, "Launch campaign traces on 2 nodes?")
+            await until(pilot, lambda: rec.has("traces: not launched: gen-1, gen-2 did not "
+                                               "pass the check; nothing was started"), 30,
+                        "the refused launch")
+            assert rec.has("gen-1: Launch refused: ") and rec.has("gen-2: Launch refused: ")
+            assert [audited(r.run_dir).count("launch") for r in runs] == launches
+            assert every(lambda p: p.status == "running" and p.shard is None)
 
             await pilot.press("p")  # the cursor is on the campaign's row
             await until(pilot, lambda: every(lambda p: p.paused), 45, "both paused")

@@ -16,7 +16,7 @@ import pytest
 
 from agents.rundir.schema import Alert, RunPin, Snapshot
 from console.campaign import Member, human, roll_up
-from console.campaign_verbs import check_problems
+from console.campaign_launch import check_problems, launch_params, spec_problem
 from console.fleet import Campaign, Fleet, FleetError, Node, load_fleet
 from tests.console import data as d
 from tests.console_headless.test_headless_ssh import AGENT, fleetdeck, node_toml
@@ -63,6 +63,15 @@ def test_a_campaign_gives_each_node_its_shard_and_spec(tmp_path: Path) -> None:
     t = fleet.campaign("drafter")
     assert fleet.campaign_role(t) == "train" and t.position("t-1") == 1
     assert t.rebalance == "off" and t.spec_for(fleet.node("t-1")) is None
+    # What launch would carry to each node, and a launch that has no spec to start.
+    assert launch_params(fleet, c, fleet.node("gen-2"), None) == \
+        {"campaign": "traces", "spec": "/own.toml", "shard": "2/3"}
+    assert launch_params(fleet, t, fleet.node("t-1"), "/x.toml") == \
+        {"campaign": "drafter", "spec": "/x.toml", "node_rank": 1, "nnodes": 2}
+    assert spec_problem(fleet, c) is None and spec_problem(fleet, t, "/x.toml") is None
+    assert spec_problem(fleet, t) == ("campaign drafter: t-2, t-1 have no spec to launch: set "
+                                      "spec in its [[campaigns]] table (one path, on every "
+                                      "node) or in the node's own table")
     assert fleet.campaign_of("gen-1") is c and fleet.campaign_of("nope") is None
     with pytest.raises(FleetError, match=r"no campaign named 'other'.*traces, drafter"):
         fleet.campaign("other")
@@ -299,7 +308,7 @@ def answer(shard: str, sha: str = "a" * 64, lines: int = 200, run_dir: str = "")
 
 
 def test_the_check_round_names_every_problem_in_the_answers() -> None:
-    """What the nodes said in the check round, judged (console/campaign_verbs.py): the same
+    """What the nodes said in the check round, judged (console/campaign_launch.py): the same
     prompts, shards that split the set exactly once, a run directory each."""
     fleet = three_nodes()
     c = fleet.campaign("traces")
@@ -321,6 +330,8 @@ def test_the_check_round_names_every_problem_in_the_answers() -> None:
                "gen-2": answer("0/3", run_dir="/r/2")}
     (bad,) = check_problems(fleet, c, swapped)
     assert "gen-1 would run 1/3, not 0/3" in bad
+    (bad,) = check_problems(fleet, c, {**ok, "gen-2": {**ok["gen-2"], "kind": "train"}})
+    assert bad == "gen-2's spec is a train run, but campaign traces is of generate nodes"
 
 
 def test_an_unreachable_node_stops_the_launch_on_every_node(tmp_path: Path,
