@@ -408,3 +408,18 @@ def test_a_two_node_campaign_launches_and_rolls_up(tmp_path: Path, sshd: SshServ
             if (rd / "supervisor.pid").exists():
                 agent("down", str(rd), "--yes")
             kill_run(rd)
+
+
+def test_a_training_campaign_speaks_through_rank_0() -> None:
+    nodes = [Node(name=n, run_dir=f"/r/{n}", local=True, role="train") for n in ("t-1", "t-2")]
+    fleet = Fleet(nodes=nodes, campaigns=[Campaign("drafter", ["t-1", "t-2"])])
+    c = fleet.campaign("drafter")
+    rank0 = msgspec.convert(d.train_snapshot(), Snapshot)
+    other = msgspec.convert(d.train_snapshot(status="failed"), Snapshot)
+    r = roll_up(fleet, c, [Member("t-1", "connected", rank0), Member("t-2", "connected", other)])
+    assert (r.role, r.step, r.total_steps, r.loss) == ("train", 6400, 20000, 1.8342)
+    assert (r.eta_hours, r.slowest, r.rate_per_sec) == (9.2, "t-1", 48_210.0)
+    assert r.statuses == {"running": 1, "failed": 1} and r.status == "running"
+    assert [(s.node, s.shard, s.status) for s in r.shards] == \
+        [("t-1", "0/2", "running"), ("t-2", "1/2", "failed")]
+    assert "step 6400/20000 loss 1.8342" in human(r)[0]
