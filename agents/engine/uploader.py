@@ -71,6 +71,23 @@ def file_digests(path: Path) -> tuple[str, str, int]:
     return sha.hexdigest(), md5.hexdigest(), size
 
 
+def journal_key(spec: S3Section, folder: str, name: str) -> str:
+    return f"{spec.prefix}journals/{folder}/{name}"
+
+
+def put_journals(client: Any, spec: S3Section, folder: str, paths: list[Path]) -> None:
+    """Copy a shard's journals to `{prefix}journals/{folder}/`, whole lines only (a torn
+    tail, from a crash mid-append, was never answered)."""
+    for path in paths:
+        try:
+            body = path.read_bytes()
+        except FileNotFoundError:
+            body = b""
+        body = body[: body.rfind(b"\n") + 1]
+        client.put_object(Bucket=spec.bucket, Key=journal_key(spec, folder, path.name),
+                          Body=body, ContentType="application/x-ndjson")
+
+
 @dataclass(slots=True)
 class Pending:
     path: Path
@@ -218,21 +235,10 @@ class Uploader:
     def journals_behind(self) -> bool:
         return self._journal_sent < self._journal_changes
 
-    def journal_key(self, name: str) -> str:
-        return f"{self.spec.prefix}journals/{self._journal_folder}/{name}"
-
     def _upload_journals(self) -> None:
         if self._client is None:
             self._client = make_s3_client(self.spec)
-        for path in self._journal_paths:
-            try:
-                body = path.read_bytes()
-            except FileNotFoundError:
-                body = b""
-            # Whole lines only: a torn tail (a crash mid-append) was never answered.
-            body = body[: body.rfind(b"\n") + 1]
-            self._client.put_object(Bucket=self.spec.bucket, Key=self.journal_key(path.name),
-                                    Body=body, ContentType="application/x-ndjson")
+        put_journals(self._client, self.spec, self._journal_folder, self._journal_paths)
 
     async def journals_loop(self) -> None:
         """Upload the journals whenever they changed, retrying with backoff."""
