@@ -17,12 +17,21 @@ def fsync_dir(path: Path) -> None:
 def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
     """Readers see the old file or the new one, never a half-written one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # A full disk (or a kill between write and replace): no half-written temp file left
+        # to hold the space the next write needs.
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     if durable:
         fsync_dir(path.parent)
 

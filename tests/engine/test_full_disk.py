@@ -166,3 +166,19 @@ def test_a_real_full_tmpfs_then_space_freed_ends_with_verify_green(tmp_path: Pat
         assert report.ok, report.problems
         progress = json.loads((run_dir / "progress.json").read_text())
         assert progress["status"] == "done" and progress["completed"] == 400
+
+
+def test_atomic_write_on_a_full_disk_leaves_no_temp_file(tmp_path: Path) -> None:
+    """A failed atomic write keeps the old file and frees what its temp file took: else each
+    heartbeat on a full disk would leave one more `.progress.json.PID.tmp` behind."""
+    from agents.rundir.atomic import atomic_write
+
+    folder = tmp_path / "small"
+    with small_tmpfs(folder, "64k"):
+        target = folder / "progress.json"
+        atomic_write(target, b"old")
+        with pytest.raises(OSError) as err:
+            atomic_write(target, b"x" * (256 << 10))
+        assert err.value.errno == errno.ENOSPC
+        assert target.read_bytes() == b"old"
+        assert sorted(p.name for p in folder.iterdir()) == ["progress.json"]
