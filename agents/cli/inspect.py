@@ -148,7 +148,10 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     for e in entries:
         flags = " ".join(f for f in (("in_s3" if e.in_s3 else ""),
                                      (f"refused:{e.refused}" if e.refused else "")) if f)
-        print(f"{e.kind:<10} {e.size:>12} {(e.sha256 or '-')[:16]:<16} {e.path}"
+        # A file name is the node's to choose: escape controls (a name holding ESC [2J
+        # would clear the terminal this is printed on); --json carries the exact bytes.
+        name = e.path if e.path.isprintable() else e.path.encode("unicode_escape").decode()
+        print(f"{e.kind:<10} {e.size:>12} {(e.sha256 or '-')[:16]:<16} {name}"
               + (f"  [{flags}]" if flags else ""))
     return EXIT_OK
 

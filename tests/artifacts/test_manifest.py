@@ -171,3 +171,18 @@ async def test_symlinks_and_dotdot_are_refused_and_nothing_outside_is_read(
     # The symlink itself may be asked for: it is listed, refused, never read.
     page = await methods["manifest"]({"path": "logs/leak.log"})
     assert page["entries"][0]["refused"] == "symlink"
+
+
+def test_manifest_listing_escapes_control_characters_in_names(tmp_path: Path) -> None:
+    """`fleetdeck-agent manifest` prints names a node chose: an ESC in one must not reach the
+    terminal (ESC [2J clears it, OSC sequences retitle or worse)."""
+    import subprocess
+
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "a\x1b[2Jb\x07.log").write_bytes(b"x")
+    r = subprocess.run([sys.executable, "-m", "agents.cli", "manifest", str(run_dir)],
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert b"\x1b" not in r.stdout and b"\x07" not in r.stdout
+    assert b"logs/a\\x1b[2Jb\\x07.log" in r.stdout
