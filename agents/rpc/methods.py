@@ -14,6 +14,7 @@ import msgspec
 
 from agents import PROTOCOL_VERSION, __version__
 from agents.artifacts.manifest import MAX_LIMIT, Manifest
+from agents.artifacts.union import union_report
 from agents.artifacts.verify import VerifyError, verify_run
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
 from agents.rundir.browse import OutsideRunDir, history, log_path, recent_samples, tail
@@ -131,6 +132,15 @@ class ControlMethods:
                 raise RpcError(REFUSED, str(exc)) from None
             return msgspec.to_builtins(report)
 
+        async def verify_union(p: dict[str, Any]) -> Any:
+            try:
+                # Off the loop: it reads every batch of every shard in S3.
+                report = await asyncio.to_thread(union_report, self.run_dir,
+                                                 **union_params(p))
+            except VerifyError as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return msgspec.to_builtins(report)
+
         async def export(p: dict[str, Any]) -> Any:
             checkpoint = p.get("checkpoint", "best")
             try:
@@ -142,7 +152,27 @@ class ControlMethods:
         return {"export": export, "pause": pause, "unpause": unpause, "resize": resize,
                 "max_tokens": max_tokens,
                 "retry": retry, "logs": logs, "samples": samples, "history": history_,
-                "manifest": manifest, "verify": verify}
+                "manifest": manifest, "verify": verify, "verify_union": verify_union}
+
+
+def union_params(p: dict[str, Any]) -> dict[str, Any]:
+    """verify_union's params: shards N and prompts_lines (default: this node's pin), nodes
+    (names by shard, for the report's words), batches (False: journals only)."""
+    out: dict[str, Any] = {}
+    for key in ("shards", "prompts_lines"):
+        if p.get(key) is not None:
+            out[key] = _int(p, key, 1)
+    nodes = p.get("nodes")
+    if nodes is not None:
+        if not isinstance(nodes, list) or len(nodes) > 100_000 or not all(
+                isinstance(n, str) and 0 < len(n) <= 128 and n.isprintable() for n in nodes):
+            raise RpcError(INVALID_PARAMS, "nodes must be a list of node names")
+        out["nodes"] = nodes
+    batches = p.get("batches", True)
+    if not isinstance(batches, bool):
+        raise RpcError(INVALID_PARAMS, f"batches must be true or false, got {batches!r}")
+    out["batches"] = batches
+    return out
 
 
 def _read_log(run_dir: Path, name: str, n: int, before: int | None) -> dict[str, Any]:

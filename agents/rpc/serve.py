@@ -42,6 +42,7 @@ from agents.rpc.protocol import (
     error_reply,
     notification,
 )
+from agents.rpc.reassign import reassign
 from agents.rpc.train_launch import train_overrides
 from agents.rundir.control import audit
 from agents.rundir.control import who as local_who
@@ -62,7 +63,7 @@ _reply_id = msgspec.json.Decoder(_ReplyId)
 # down, restart_server, pause, unpause, resize, max_tokens, retry, manifest, whose hash cache
 # is written, and any method added later) is refused before it reaches a supervisor.
 READ_ONLY_METHODS = frozenset({"hello", "status", "subscribe", "unsubscribe", "logs", "samples",
-                               "history", "verify"})
+                               "history", "verify", "verify_union"})
 
 
 def _read_only_refusal(method: str, run_dir: Path) -> str:
@@ -253,6 +254,9 @@ class StdioSession:
             await self.attach()
             return event_reply(ev, s3_error)
 
+        async def reassign_(p: dict[str, Any]) -> Any:
+            return await reassign(self.run_dir, p, adopt)
+
         async def needs_supervisor(p: dict[str, Any]) -> Any:
             raise RpcError(NOT_RUNNING, f"{self.run_dir}: no supervisor is running; "
                            "`resume` starts one")
@@ -260,7 +264,7 @@ class StdioSession:
         methods: dict[str, Any] = self.local.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe,
                        unsubscribe=unsubscribe, launch=launch, resume=resume_, cede=cede,
-                       adopt=adopt,
+                       adopt=adopt, reassign=reassign_,
                        stop=needs_supervisor, down=needs_supervisor,
                        restart_server=needs_supervisor)
         return methods

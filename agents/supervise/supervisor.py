@@ -39,6 +39,7 @@ from agents.rpc.protocol import (
     dispatch_line,
     notification,
 )
+from agents.rpc.reassign import reassign
 from agents.rpc.sockpath import SocketDirError, remove_stale_sockets, socket_path
 from agents.rpc.train_launch import launched_otherwise
 from agents.rundir.control import audit
@@ -454,6 +455,9 @@ class Supervisor:
                 await self.start_job()
             return event_reply(ev, s3_error)
 
+        async def reassign_(p: dict[str, Any]) -> Any:
+            return await reassign(self.run_dir, p, adopt)
+
         async def restart_server(p: dict[str, Any]) -> Any:
             n = int(p["server"])
             audit(self.run_dir, "restart_server", {"server": n}, p.get("who"))
@@ -466,7 +470,7 @@ class Supervisor:
         methods: dict[str, Any] = self.control.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe, unsubscribe=unsubscribe,
                        stop=stop, down=down, resume=resume, launch=launch, cede=cede,
-                       adopt=adopt,
+                       adopt=adopt, reassign=reassign_,
                        restart_server=restart_server)
         return methods
 
