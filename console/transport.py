@@ -26,6 +26,7 @@ from agents import PROTOCOL_VERSION
 from agents.rpc.protocol import STREAM_LIMIT, VERSION_MISMATCH, RpcError
 from console.fleet import Node
 from console.linkstate import LinkState
+from console.sanitize import shown
 
 HELLO_TIMEOUT_S = 20.0
 
@@ -308,6 +309,13 @@ class AgentLink:
                 try:
                     msg = msgspec.json.decode(line)
                 except msgspec.DecodeError:
+                    msg = None
+                if not isinstance(msg, dict):
+                    # The agent's stdout is the protocol: anything else (a banner, a stray
+                    # print) means the calls waiting now will not be answered as asked. Say
+                    # so at once, naming the line, rather than after each call's timeout.
+                    self._fail_pending(f"{self.node.name}: the agent wrote a line that is not "
+                                       f"JSON-RPC: {shown(line[:200].decode(errors='replace'))}")
                     continue
                 rid = msg.get("id")
                 if rid is not None:
@@ -324,6 +332,12 @@ class AgentLink:
                     fut.set_exception(ConnectionError(f"{self.node.name}: connection lost"))
             self._pending.clear()
             self._lost.set()
+
+    def _fail_pending(self, why: str) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(why))
+        self._pending.clear()
 
     async def call(self, method: str, params: dict[str, Any] | None = None,
                    timeout: float = 60.0) -> Any:
