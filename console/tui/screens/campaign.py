@@ -49,12 +49,6 @@ def campaign_bar(r: Rollup, ctx: ViewContext) -> Text:
 
 
 class CampaignScreen(View):
-    DEFAULT_CSS = """
-    CampaignScreen #campaign-warnings { height: auto; padding: 0 1; }
-    CampaignScreen #shard-table { height: 1fr; min-height: 4; }
-    CampaignScreen #campaign-alerts { height: auto; max-height: 12; padding: 0 1; }
-    """
-
     class OpenNode(Message):
         def __init__(self, name: str) -> None:
             super().__init__()
