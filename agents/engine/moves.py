@@ -22,6 +22,7 @@ from agents.engine.ownership import (
 )
 from agents.engine.store import BatchStore
 from agents.engine.uploader import make_s3_client, put_journals
+from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import pin_decoder
 from agents.rundir.spec import RunSpec, load_run_spec
 
@@ -83,6 +84,7 @@ def cede_offline(run_dir: Path, id_: str, count: int) -> tuple[OwnershipEvent, s
                                   "is done or failed")
             ev = cede_event(id_, picked)
             owner.record(ev)
+            crash_point("ceded")  # tests: killed with the cede journaled, not yet answered
         finally:
             owner.close()
     return ev, _upload(spec, run_dir)
@@ -105,6 +107,7 @@ def adopt_offline(run_dir: Path, id_: str, ranges: list[tuple[int, int, int]],
                                   f"{total} lines: not a range of this campaign")
             ev = adopt_event(id_, [i for i in indices if not owner.owns(i)], node, shard)
             owner.record(ev)
+            crash_point("adopted")  # tests: killed with the adopt journaled, nothing sent yet
         finally:
             owner.close()
     return ev, _upload(spec, run_dir)

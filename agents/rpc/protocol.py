@@ -24,6 +24,8 @@ INTERNAL_ERROR = -32603
 NOT_RUNNING = -32001
 REFUSED = -32002
 VERSION_MISMATCH = -32003
+# The supervisor exited with the request in hand: it may or may not have been done.
+NO_ANSWER = -32004
 
 Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 

@@ -29,6 +29,7 @@ from agents.rpc.methods import ControlMethods, check_hello
 from agents.rpc.protocol import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    NO_ANSWER,
     NOT_RUNNING,
     PARSE_ERROR,
     REFUSED,
@@ -81,8 +82,8 @@ class StdioSession:
         self.upstream: RpcClient | None = None
         self.subscribed = False
         self.who = who or local_who()
-        # Ids of requests relayed to the supervisor and not yet answered.
-        self._pending: set[int | str] = set()
+        # Requests relayed to the supervisor and not yet answered: id -> method.
+        self._pending: dict[int | str, str] = {}
         self._answered = asyncio.Event()
         self.local = ControlMethods(self.run_dir)
         self._pump: asyncio.Task[None] | None = None
@@ -117,7 +118,7 @@ class StdioSession:
                     break
                 if self._pending:
                     try:
-                        self._pending.discard(_reply_id.decode(line).id)
+                        self._pending.pop(_reply_id.decode(line).id, None)
                     except (msgspec.DecodeError, TypeError):
                         pass
                     if not self._pending:
@@ -128,8 +129,19 @@ class StdioSession:
             pass
         # The supervisor went away: answer (and push, for a subscriber) from disk from now on.
         self.upstream = None
-        self._pending.clear()
+        lost, self._pending = self._pending, {}
         self._answered.set()
+        # What it held is answered now, as unknown (a cede may be journaled): a client must
+        # not wait out its timeout for a reply that cannot come.
+        try:
+            for rid, method in lost.items():
+                self.out.write(error_reply(rid, NO_ANSWER, f"{self.run_dir}: the supervisor "
+                                           f"exited before answering {method}: it may or may "
+                                           "not have been done (status tells)"))
+            if lost:
+                await self.out.drain()
+        except (ConnectionError, OSError):
+            pass
         if self.subscribed and self._push is None:
             self._push = asyncio.create_task(self._push_from_disk())
 
@@ -137,7 +149,7 @@ class StdioSession:
         assert self.upstream is not None
         rid = req.get("id")
         if isinstance(rid, (int, str)):
-            self._pending.add(rid)
+            self._pending[rid] = str(req.get("method"))
             self._answered.clear()
         self.upstream.writer.write(encode(req))
         await self.upstream.writer.drain()

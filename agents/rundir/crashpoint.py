@@ -4,7 +4,9 @@ FLEETDECK_CRASH_AT=name[:n] SIGKILLs this process at the n-th pass of crash poin
 Names: lines_written (written, not fsynced), lines_fsynced (fsynced, indices not recorded),
 batch_close (renamed, directory not fsynced), upload (object put, not yet confirmed),
 hedge_sent (a second copy of a request sent), hedge_won (the first answer of a hedged request
-kept, the others not yet aborted).
+kept, the others not yet aborted), ceded (a cede journaled, not yet answered), adopted (an
+adopt journaled, nothing of it sent yet); the last two on a live engine and in the run dir
+when none runs (agents/engine/moves.py).
 
 FLEETDECK_FAIL_AT=name[:n] makes a write fail from the n-th pass of fault point `name` on, as a
 full disk does: with FLEETDECK_FAIL_BYTES=k the first failing write gets k bytes onto the file
