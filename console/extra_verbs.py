@@ -1,5 +1,5 @@
-"""Console verbs beyond the RPC table: bootstrap, pull and decommission-check. Registered on
-the headless parser."""
+"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check and rebalance.
+Registered on the headless parser."""
 
 from __future__ import annotations
 
@@ -30,3 +30,7 @@ def add(sub: Any) -> None:
     p.add_argument("--to", default=None, help="pull folder (default: [console] pull_dir)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(runner=decommission.cmd_decommission_check)
+
+    from console import campaign_rebalance
+
+    campaign_rebalance.add(sub)

@@ -1,0 +1,368 @@
+"""Moving the tail (issue 15, item 4): `fleetdeck rebalance CAMPAIGN --yes` moves part of a
+slow shard's to-do to a node that is done: the slow node cedes (journaled), the idle one adopts
+the same ranges under the same id (journaled). Real processes: two agents over the real sshd,
+each with its own run dir and simulators (one node's slow), SeaweedFS S3; kill -9 of either
+node at its step and of the console between the steps loses nothing and sends nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agents.engine.ownership import expand
+from agents.rundir.schema import Snapshot
+from console.campaign import Member
+from console.campaign_rebalance import move_id, plan, target_of
+from console.fleet import Campaign, Fleet, Node
+from tests.console import data as d
+from tests.console_headless.test_headless_ssh import AGENT, fleetdeck, node_toml
+from tests.engine.runs import write_prompts, write_spec
+from tests.plugins.supervised import agent, kill_run, rpc_status, wait_status
+from tests.servers.s3 import S3Server
+from tests.servers.sshd import SshServer
+
+# -- the plan (pure) ------------------------------------------------------------------------------
+
+
+def fleet_of(n: int) -> tuple[Fleet, Campaign]:
+    names = [f"gen-{i}" for i in range(n)]
+    c = Campaign("traces", names)
+    return Fleet(nodes=[Node(name=x, run_dir=f"/r/{x}", local=True) for x in names],
+                 campaigns=[c], source="fleet.toml"), c
+
+
+def member(name: str, shard: str, status: str = "running", total: int = 1000,
+           completed: int = 0, failed: int = 0, rate: float = 0.0, elapsed_h: float = 0.0,
+           cedes: tuple[tuple[str, int], ...] = (), adopts: tuple[str, ...] = ()) -> Member:
+    own = {"cedes": [{"id": i, "count": n, "time": d.NOW} for i, n in cedes],
+           "adopts": [{"id": i, "count": 1, "time": d.NOW, "node": "x", "shard": "0/2"}
+                      for i in adopts]}
+    p = d.progress(run="traces", shard=shard, campaign="traces", status=status, total=total,
+                   completed=completed, failed=failed, rate_per_sec=rate,
+                   elapsed_hours=elapsed_h, ownership=own)
+    snap = msgspec.convert(d.generate_snapshot(run="traces", status=status, progress=p,
+                                               alerts=[]), Snapshot)
+    return Member(name, "connected", snap)
+
+
+def test_the_idle_node_takes_a_share_of_the_slow_ones_remaining_by_rate() -> None:
+    fleet, c = fleet_of(2)
+    slow = member("gen-0", "0/2", total=1000, completed=200, failed=0, rate=1.0)
+    idle = member("gen-1", "1/2", status="done", total=1000, completed=990, failed=10,
+                  rate=3.0)
+    p = plan(fleet, c, [slow, idle], 1_700_000_000_000, min_left=100)
+    (m,) = p.moves
+    assert (m.slow, m.idle, m.count) == ("gen-0", "gen-1", 600)  # 800 left x 3 / (1 + 3)
+    assert m.id == "rb-traces-1700000000000-0to1" == move_id(c, "gen-0", "gen-1",
+                                                             1_700_000_000_000)
+    assert target_of(c, m.id, "gen-0") == "gen-1" and not p.readopts
+    # --max caps a move; rates not known: half; a finished node's rate is its mean.
+    assert plan(fleet, c, [slow, idle], 1, 100, most=50).moves[0].count == 50
+    unknown = [member("gen-0", "0/2", completed=200), member("gen-1", "1/2", status="done",
+                                                             total=500, completed=500)]
+    assert plan(fleet, c, unknown, 1, 100).moves[0].count == 400
+    mean = member("gen-1", "1/2", status="done", total=1000, completed=1000,
+                  elapsed_h=1000 / 3 / 3600)
+    assert plan(fleet, c, [slow, mean], 1, 100).moves[0].count == 600
+    # Not enough left (--min), nobody idle, a paused slow node: nothing moves.
+    assert plan(fleet, c, [slow, idle], 1, 800).empty
+    busy = member("gen-1", "1/2", total=1000, completed=10, rate=3.0)
+    assert plan(fleet, c, [slow, busy], 1, 100).empty
+    paused = member("gen-0", "0/2", status="paused", completed=200, rate=1.0)
+    assert plan(fleet, c, [paused, idle], 1, 100).empty
+
+
+def test_idle_nodes_help_the_slow_node_that_would_finish_last() -> None:
+    fleet, c = fleet_of(4)
+    members = [member("gen-0", "0/4", completed=0, rate=1.0),  # 1000 left: last by far
+               member("gen-1", "1/4", completed=900, rate=1.0),  # 100 left
+               member("gen-2", "2/4", status="done", completed=1000, rate=1.0),
+               member("gen-3", "3/4", status="done", completed=1000, rate=1.0)]
+    p = plan(fleet, c, members, 7, 50)
+    # Each idle node goes where the campaign's end is: both help gen-0, a third each.
+    assert sorted((m.slow, m.idle, m.count) for m in p.moves) == [
+        ("gen-0", "gen-2", 333), ("gen-0", "gen-3", 333)]
+    assert len({m.id for m in p.moves}) == 2
+
+
+def test_a_cede_nobody_adopted_is_finished_first_on_the_node_its_id_names() -> None:
+    fleet, c = fleet_of(3)
+    rb = move_id(c, "gen-0", "gen-2", 5)
+    members = [member("gen-0", "0/3", completed=100, rate=1.0,
+                      cedes=((rb, 40), ("manual-1", 7), ("old", 3))),
+               member("gen-1", "1/3", status="done", completed=1000, rate=5.0),
+               member("gen-2", "2/3", completed=100, rate=1.0, adopts=("old",))]
+    p = plan(fleet, c, members, 9, 100)
+    # The rebalance cede goes where its move meant it (gen-2 may hold it in flight), the
+    # other to the idlest node; "old" is adopted already. Its adopter takes no new move.
+    assert [(r.id, r.ceder, r.count, r.to) for r in p.readopts] == [
+        (rb, "gen-0", 40, "gen-2"), ("manual-1", "gen-0", 7, "gen-1")]
+    assert p.moves == []
+    assert target_of(c, "rb-traces-1-1to2", "gen-0") is None  # K is not the node that ceded
+    assert target_of(c, "rb-traces-1-0to7", "gen-0") is None  # no such node
+
+
+def test_nothing_moves_while_a_node_is_silent() -> None:
+    fleet, c = fleet_of(3)
+    members = [member("gen-0", "0/3", completed=0, rate=1.0, cedes=(("c1", 10),)),
+               member("gen-1", "1/3", status="done", completed=1000, rate=5.0),
+               Member("gen-2", "unreachable", None, "connection refused")]
+    p = plan(fleet, c, members, 1, 10)
+    # gen-2 may hold the adopt of c1: adopting it elsewhere could send it twice.
+    assert p.empty and not p.answered
+    assert any("gen-2 did not answer" in n for n in p.notes)
+    assert any("cede c1" in n for n in p.notes)
+
+
+def test_a_stopped_node_with_work_is_named_not_fed() -> None:
+    fleet, c = fleet_of(2)
+    members = [member("gen-0", "0/2", completed=0, rate=1.0),
+               member("gen-1", "1/2", status="failed", completed=900, rate=5.0)]
+    p = plan(fleet, c, members, 1, 10)
+    assert p.empty
+    assert any("gen-1 owns 100 indices not done and is failed" in n and
+               "fleetdeck resume gen-1" in n for n in p.notes)
+
+
+# -- two nodes over the real sshd ----------------------------------------------------------------
+
+FAST_SIM = ("--time-scale", "0.01")
+SLOW_SIM = ("--time-scale", "1.0")  # about a second an answer
+
+
+@dataclass
+class Nodes:
+    tmp: Path
+    sshd: SshServer
+    s3: S3Server
+    specs: dict[str, Path]
+    run_dirs: dict[str, Path]
+    fleet: Path
+    prompts: int
+
+    def write_fleet(self, env: dict[str, dict[str, str]] | None = None) -> None:
+        """The fleet file; `env` adds to a node's agent environment (a crash point: the
+        supervisor the agent starts inherits it)."""
+        text = ""
+        for name, spec in self.specs.items():
+            extra = {**self.s3.env(), **(env or {}).get(name, {})}
+            cmd = " ".join(["env", *(f"{k}={v}" for k, v in extra.items()), AGENT])
+            text += node_toml(name, self.sshd, self.run_dirs[name], agent_cmd=cmd)
+            text += f'spec = "{spec}"\n'
+        text += '[[campaigns]]\nname = "traces"\nnodes = ["gen-1", "gen-2"]\n'
+        self.fleet.write_text(text)
+
+    def deck(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+             ) -> subprocess.CompletedProcess[str]:
+        """`fleetdeck --fleet FLEET ARGS`, with `env` over this environment (the console's)."""
+        if env is None:
+            return fleetdeck(self.fleet, *args, timeout=timeout)
+        return subprocess.run([sys.executable, "-m", "console.cli", "--fleet", str(self.fleet),
+                               *args], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **env})
+
+    def batches(self) -> dict[str, dict[int, int]]:
+        """Each node's completion lines by index: how many lines each index has."""
+        out: dict[str, dict[int, int]] = {}
+        for name, rd in self.run_dirs.items():
+            seen: dict[int, int] = {}
+            for path in sorted((rd / "completions").glob("completions_*.jsonl")):
+                for raw in path.read_text().splitlines():
+                    i = json.loads(raw)["index"]
+                    seen[i] = seen.get(i, 0) + 1
+            out[name] = seen
+        return out
+
+    def journal(self, name: str) -> list[dict[str, Any]]:
+        path = self.run_dirs[name] / "ownership.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+    def wait(self, name: str, cond: Any, what: str, timeout: float = 90) -> dict[str, Any]:
+        return wait_status(self.run_dirs[name], cond, timeout, f"{name}: {what}")
+
+
+def launch(tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any, prompts: int,
+           env: dict[str, dict[str, str]] | None = None) -> Nodes:
+    """gen-1 fast and gen-2 slow (its simulator about a hundred times slower, two requests at
+    a time), one campaign `traces`, launched; back once gen-1 is done."""
+    speeds = {"gen-1": (FAST_SIM, 8), "gen-2": (SLOW_SIM, 2)}
+    specs, run_dirs = {}, {}
+    for name, (sim_args, conc) in speeds.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        write_prompts(folder / "prompts.jsonl", prompts)
+        specs[name] = write_spec(folder / "run.toml", folder / "prompts.jsonl",
+                                 [sims(*sim_args).url], s3=s3, batch_size=20,
+                                 concurrency_per_server=conc)
+        run_dirs[name] = folder / "run"
+    nodes = Nodes(tmp_path, sshd, s3, specs, run_dirs, tmp_path / "fleet.toml", prompts)
+    nodes.write_fleet(env)
+    r = nodes.deck("launch", "traces", "--yes", timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    nodes.wait("gen-1", lambda s: s["status"] == "done", "done")
+    return nodes
+
+
+def moved_lines(stdout: str) -> list[tuple[int, str, str, str]]:
+    """`moved N indices A -> B (cede ID, ...)` lines: (N, A, B, ID)."""
+    return [(int(m.group(1).replace(",", "")), m.group(2), m.group(3), m.group(4))
+            for m in re.finditer(r"moved ([\d,]+) indices (\S+) -> (\S+) \(cede (\S+),",
+                                 stdout)]
+
+
+def check_union(nodes: Nodes) -> None:
+    """Every index of the prompts file in exactly one line of one node's batches; each node's
+    lines are indices it owns by its shard or adopted; each adopt matches its cede."""
+    lines = nodes.batches()
+    twice = {i for i in lines["gen-1"] if i in lines["gen-2"]}
+    assert not twice, f"sent by both nodes: {sorted(twice)[:20]}"
+    for name, seen in lines.items():
+        again = {i: n for i, n in seen.items() if n > 1}
+        assert not again, f"{name}: indices with more than one line: {again}"
+    assert sorted([*lines["gen-1"], *lines["gen-2"]]) == list(range(nodes.prompts))
+    cedes = {e["id"]: e for e in nodes.journal("gen-2") if e["op"] == "cede"}
+    adopts = {e["id"]: e for e in nodes.journal("gen-1") if e["op"] == "adopt"}
+    assert cedes.keys() == adopts.keys()
+    for cid, ev in cedes.items():
+        given = set(expand(ev["ranges"]))
+        assert given == set(expand(adopts[cid]["ranges"])), cid
+        assert adopts[cid]["node"] == "gen-2" and adopts[cid]["shard"] == "1/2"
+        assert given <= lines["gen-1"].keys(), f"cede {cid}: moved indices not on gen-1"
+    assert {i for i in lines["gen-1"] if i % 2 == 1} == \
+        set().union(*(set(expand(e["ranges"])) for e in cedes.values()))
+
+
+def stop(nodes: Nodes) -> None:
+    for rd in nodes.run_dirs.values():
+        if (rd / "supervisor.pid").exists():
+            agent("down", str(rd), "--yes")
+        kill_run(rd)
+
+
+def test_rebalance_moves_the_slow_shards_tail_to_the_idle_node(
+        tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any) -> None:
+    nodes = launch(tmp_path, sshd, s3, sims, prompts=240)
+    try:
+        r = nodes.deck("rebalance", "traces")  # dangerous: --yes, as any move of work
+        assert r.returncode == 2 and "add --yes" in r.stderr
+        slow = rpc_status(nodes.run_dirs["gen-2"])["progress"]
+        left = slow["total"] - slow["completed"] - slow["failed"]
+        assert left > 60, slow  # gen-2 is still far from done
+        r = nodes.deck("rebalance", "traces", "--yes", "--min", "20")
+        assert r.returncode == 0, r.stdout + r.stderr
+        ((count, frm, to, cid),) = moved_lines(r.stdout)
+        assert (frm, to) == ("gen-2", "gen-1") and cid.startswith("rb-traces-")
+        # The idle node is many times faster: it takes most of what gen-2 had left.
+        assert left // 2 < count <= left, (count, left)
+        # Journaled on both sides under the one id, each step in its node's audit trail.
+        (cede,) = nodes.journal("gen-2")
+        (adopt,) = nodes.journal("gen-1")
+        assert cede["id"] == adopt["id"] == cid and cede["count"] == adopt["count"] == count
+        for name, method in (("gen-2", "cede"), ("gen-1", "adopt")):
+            trail = [json.loads(x) for x in
+                     (nodes.run_dirs[name] / "control.log.jsonl").read_text().splitlines()]
+            assert [(t["method"], t["params"]["id"]) for t in trail if t["method"] == method] \
+                == [(method, cid)]
+        # --auto keeps at it until both are done.
+        r = nodes.deck("rebalance", "traces", "--yes", "--min", "4", "--auto",
+                       "--interval", "0.5")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "every node is done" in r.stdout
+        for name in nodes.run_dirs:
+            snap = nodes.wait(name, lambda s: s["status"] == "done", "done")
+            assert snap["progress"]["failed"] == 0
+        check_union(nodes)
+        r = nodes.deck("status", "traces", "--json")
+        roll = json.loads(r.stdout)["campaign"]
+        assert (roll["completed"], roll["total"], roll["unadopted"]) == (240, 240, [])
+    finally:
+        stop(nodes)
+
+
+def unadopted(nodes: Nodes) -> list[dict[str, Any]]:
+    r = nodes.deck("status", "traces", "--json")
+    out: list[dict[str, Any]] = json.loads(r.stdout)["campaign"]["unadopted"]
+    return out
+
+
+def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
+        tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any) -> None:
+    # gen-1's supervisor dies at its first adopt (journaled, nothing sent); gen-2's at its
+    # second cede (journaled, not answered).
+    crash = {"gen-1": {"FLEETDECK_CRASH_AT": "adopted"},
+             "gen-2": {"FLEETDECK_CRASH_AT": "ceded:2"}}
+    nodes = launch(tmp_path, sshd, s3, sims, prompts=400, env=crash)
+    step = ("rebalance", "traces", "--yes", "--min", "20", "--max", "30")
+    try:
+        # 1. The idle node killed once its adopt is journaled.
+        r = nodes.deck(*step)
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "gen-1: adopt rb-traces-" in r.stderr and "no answer" in r.stderr
+        (adopt,) = nodes.journal("gen-1")
+        assert unadopted(nodes) == []  # gen-1's journal holds it, whatever its supervisor
+        r = nodes.deck("rebalance", "traces", "--yes", "--min", "20")
+        assert "gen-1 owns 30 indices not done" in r.stderr and "resume gen-1" in r.stderr
+        assert nodes.journal("gen-1") == [adopt] and len(nodes.journal("gen-2")) == 1
+        nodes.write_fleet({"gen-2": crash["gen-2"]})  # gen-1 comes back without its crash
+        assert nodes.deck("resume", "gen-1").returncode == 0
+        nodes.wait("gen-1", lambda s: s["status"] == "done" and s["progress"]["total"] ==
+                   230, "the adopted 30 done")
+
+        # 2. The slow node killed once its cede is journaled, before it answers.
+        r = nodes.deck(*step)
+        assert r.returncode == 3, r.stdout + r.stderr
+        assert "gen-2: cede rb-traces-" in r.stderr and "no answer" in r.stderr
+        cede = nodes.journal("gen-2")[-1]
+        assert [u["id"] for u in unadopted(nodes)] == [cede["id"]]
+        nodes.write_fleet()
+        assert nodes.deck("resume", "gen-2").returncode == 0
+        r = nodes.deck("rebalance", "traces", "--yes", "--min", "20", "--max", "30")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"adopted cede {cede['id']}: 30 indices from gen-2 now on gen-1" in r.stdout
+        assert moved_lines(r.stdout) == []  # the cede finished; nothing new this round
+        assert unadopted(nodes) == []
+        nodes.wait("gen-1", lambda s: s["status"] == "done" and s["progress"]["total"] ==
+                   260, "the second 30 done")
+
+        # 3. The console killed between the cede's answer and the adopt.
+        r = nodes.deck(*step, env={"FLEETDECK_CONSOLE_CRASH_AT": "between_cede_and_adopt"})
+        assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
+        cede = nodes.journal("gen-2")[-1]
+        assert [(u["id"], u["node"], u["count"]) for u in unadopted(nodes)] == \
+            [(cede["id"], "gen-2", 30)]
+        r = nodes.deck("status", "traces")
+        assert f"gen-2 ceded 30 indices (cede {cede['id']}) that no node has adopted" \
+            in r.stdout
+        r = nodes.deck("rebalance", "traces", "--yes", "--min", "20", "--max", "30")
+        assert f"adopted cede {cede['id']}: 30 indices from gen-2 now on gen-1" in r.stdout
+
+        # The rest, then every index once.
+        r = nodes.deck("rebalance", "traces", "--yes", "--min", "4", "--auto",
+                       "--interval", "0.5")
+        assert r.returncode == 0, r.stdout + r.stderr
+        for name in nodes.run_dirs:
+            nodes.wait(name, lambda s: s["status"] == "done", "done")
+        check_union(nodes)
+        assert len(nodes.journal("gen-2")) >= 3
+    finally:
+        stop(nodes)
+
+
+@pytest.mark.parametrize("bad", [["--min", "-1"], ["--max", "0"]])
+def test_bad_limits_are_refused(tmp_path: Path, bad: list[str]) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[[nodes]]\nname = "a"\nlocal = true\nrun_dir = "/r/a"\n'
+                     '[[campaigns]]\nname = "c"\nnodes = ["a"]\n')
+    r = fleetdeck(fleet, "rebalance", "c", "--yes", *bad)
+    assert r.returncode == 2 and "--min must be >= 0 and --max >= 1" in r.stderr
