@@ -16,6 +16,7 @@ import msgspec
 
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import ServerStatus, Snapshot
+from console import campaign as rollup
 from console.actions import BY_ID
 from console.fleet import Fleet, FleetError, Node, load_fleet
 from console.linkstate import LinkState
@@ -157,10 +158,18 @@ async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     while True:
         entries = await status_once(fleet, nodes, args.accept_new_host_key)
+        # The whole fleet: each campaign's roll-up first (one run, one ETA), then the nodes.
+        rollups = [rollup.roll_up(fleet, c, [rollup.Member(e.node, e.link, e.snapshot, e.error)
+                                             for e in entries if e.node in c.nodes])
+                   for c in fleet.campaigns] if name is None else []
         if args.json:
-            print(json.dumps({"time": time.time(), "nodes": [e.to_json() for e in entries]}),
-                  flush=True)
+            out: dict[str, Any] = {"time": time.time(), "nodes": [e.to_json() for e in entries]}
+            if rollups:
+                out["campaigns"] = [msgspec.to_builtins(r) for r in rollups]
+            print(json.dumps(out), flush=True)
         else:
+            for r in rollups:
+                print(shown(rollup.human(r)[0]), flush=True)
             for e in entries:
                 print(_human(e, fleet.node(e.node)), flush=True)
         if args.exit_on_alert and _alerting(entries):

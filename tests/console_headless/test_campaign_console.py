@@ -390,8 +390,12 @@ def test_a_two_node_campaign_launches_and_rolls_up(tmp_path: Path, sshd: SshServ
             [("gen-1", "0/2", own["gen-1"]["completed"]), ("gen-2", "1/2",
                                                             own["gen-2"]["completed"])]
         assert roll["warnings"] == [] and roll["unadopted"] == []
-        r = fleetdeck(nodes.fleet, "status", "traces")
-        assert r.returncode == 0 and "campaign traces: generate done  200/200 done" in r.stdout
+        # The whole fleet's status: the campaign's line first, then each node's.
+        r = fleetdeck(nodes.fleet, "status")
+        lines = r.stdout.splitlines()
+        assert r.returncode == 0 and lines[0].startswith(
+            "campaign traces: generate done  200/200 done (100.0%), 0 failed"), r.stdout
+        assert lines[1].startswith("gen-1: generate test-run done  100/100 done"), r.stdout
 
         # A control verb on the campaign: each node's own call, each in its own audit trail.
         r = fleetdeck(nodes.fleet, "max-tokens", "traces", "512")
