@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from agents.rpc.protocol import RpcError
+from agents.rpc.protocol import INVALID_PARAMS, RpcError
 from agents.rundir.schema import ServerStatus, Snapshot
 from console import campaign as rollup
 from console.actions import BY_ID
@@ -228,7 +228,9 @@ async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
         result = await link.call(method, params, timeout=args.timeout)
     except RpcError as exc:
         say(f"{node.name}: {method}: {shown(exc.message)}")
-        return EXIT_CHECK
+        # Bad parameters (a per-server resize of a router run) are a usage error, as the
+        # agent's own verb says; a refusal of a valid request is a failed check.
+        return EXIT_USAGE if exc.code == INVALID_PARAMS else EXIT_CHECK
     except (ConnectionError, TimeoutError) as exc:
         say(shown(exc))
         return EXIT_UNREACHABLE

@@ -193,6 +193,15 @@ def test_refused_resize_leaves_control_alone(tmp_path: Path) -> None:
         {"rev": 3, "concurrency": {"default": 8}, "max_tokens": 256}))
     res = agent("resize", str(run_dir), "auto")
     assert res.returncode == 2, res.stderr
+    # The console's verb says the same: exit 2 with the agent's reason.
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(f'[[nodes]]\nname = "gen-1"\nlocal = true\nrun_dir = "{run_dir}"\n'
+                     f'agent = "{sys.executable} -m agents.cli"\n')
+    res = subprocess.run([sys.executable, "-m", "console.cli", "--fleet", str(fleet), "resize",
+                          "gen-1", "4", "--server", "1"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "router" in res.stderr
     assert json.loads((run_dir / "control.json").read_text())["rev"] == 3
     assert not (run_dir / "control.log.jsonl").exists()
 
