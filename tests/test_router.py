@@ -114,6 +114,7 @@ def test_router_run_survives_a_killed_worker(
         assert snap["servers"][0]["limit"] == 16
         assert set(worker_rows(snap)) == {a.url, b.url}
         assert all(w["running_reqs"] is not None for w in worker_rows(snap).values())
+        assert snap["progress"]["gpus"] == 2, "the GPUs held are the workers', not the router's"
 
         b.kill()  # SIGKILL, with requests in flight on it
         snap = wait_status(run_dir, lambda s: worker_rows(s)[b.url]["state"] == "down",

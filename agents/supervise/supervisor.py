@@ -256,6 +256,10 @@ class Supervisor:
 
     def snapshot(self) -> Snapshot:
         now = time.time()
+        if self.router is not None and self.engine is not None and self.router.workers:
+            # The engine sees one server, the router; the GPUs held (and paid for) are its
+            # workers'.
+            self.engine.meter.gpus = len(self.router.workers)
         progress = self.engine.snapshot() if self.engine is not None else None
         age: float | None = 0.0
         if progress is None and self.spec.run.kind == "generate":
