@@ -39,6 +39,7 @@ from console.campaign import Member, roll_up
 from console.fleet import Campaign, Fleet
 from console.headless import EXIT_CHECK, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, open_link
 from console.sanitize import shown
+from console.state import FleetState
 from console.transport import AgentLink, Unreachable
 
 CRASH_ENV = "FLEETDECK_CONSOLE_CRASH_AT"
@@ -461,42 +462,58 @@ async def cmd_rebalance(fleet: Fleet, args: argparse.Namespace) -> int:
 # -- the TUI's `rebalance = "auto"` --------------------------------------------------------------
 
 class AutoRebalance:
-    """A campaign's automatic rebalancing in the TUI, on its refresh: a round when the last one
-    is over, and, after a round that did anything, only once every node has sent a snapshot
-    since (figures from before a move would plan it again)."""
+    """A campaign's `rebalance = "auto"` in the TUI: a round on its refresh from the snapshots
+    it holds, when the last round is over; after a round that did anything, only once every
+    node has sent a snapshot since (figures from before a move would plan it again). A node
+    whose link is down counts as silent, however recent its last snapshot: nothing moves."""
 
     def __init__(self, fleet: Fleet, campaign: Campaign, call: Call, say_done: Say,
-                 say_why: Say, min_left: int = DEFAULT_MIN, interval_s: float = 5.0) -> None:
+                 say_why: Say, clock: Callable[[], float] = time.time,
+                 min_left: int = DEFAULT_MIN, interval_s: float = 5.0) -> None:
         self.fleet = fleet
         self.campaign = campaign
         self.call = call
         self.say_done = say_done
         self.say_why = say_why
+        self.clock = clock  # the clock that stamps FleetState's received_at
         self.min_left = min_left
         self.interval_s = interval_s
         self.busy = False
-        self.last_round = 0.0
-        self.acted_at = 0.0
+        self.last_round = float("-inf")
+        self.acted_at = float("-inf")
         self._said: set[str] = set()
 
-    def due(self, now: float, received: dict[str, float | None]) -> bool:
-        if self.busy or now - self.last_round < self.interval_s:
+    def due(self, state: FleetState) -> bool:
+        if self.busy or self.clock() - self.last_round < self.interval_s:
             return False
-        return all(at is not None and at > self.acted_at
-                   for at in (received.get(n) for n in self.campaign.nodes))
+        for name in self.campaign.nodes:
+            ns = state.nodes.get(name)
+            if ns is None or ns.received_at is None or ns.received_at <= self.acted_at:
+                return False
+        return True
 
-    async def round(self, members: list[Member], now: float) -> Outcome:
+    def members(self, state: FleetState) -> list[Member]:
+        out = []
+        for name in self.campaign.nodes:
+            ns = state.nodes[name]
+            live = ns.link == "connected"
+            out.append(Member(name, ns.link, ns.snapshot if live else None, ns.error))
+        return out
+
+    async def round(self, state: FleetState) -> Outcome:
+        """One round from what `state` holds now (call it when `due`)."""
         self.busy = True
-        self.last_round = now
+        self.last_round = self.clock()
         try:
-            p = plan(self.fleet, self.campaign, members, int(now * 1000), self.min_left)
+            p = plan(self.fleet, self.campaign, self.members(state),
+                     int(time.time() * 1000), self.min_left)
             for line in p.notes:
-                if line not in self._said:
+                if line not in self._said:  # each note once, not every round
                     self._said.add(line)
                     self.say_why(line)
             out = await carry_out(p, self.call, self.say_done, self.say_why)
             if out.steps:
-                self.acted_at = time.time()
+                self.acted_at = self.clock()
             return out
         finally:
             self.busy = False

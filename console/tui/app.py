@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 from textual import on
@@ -23,6 +24,7 @@ from agents.rpc.protocol import RpcError
 from agents.rundir.schema import Alert
 from console.actions import ACTIONS, BY_ID
 from console.alerting import run_alert_command
+from console.campaign_rebalance import CALL_TIMEOUT_S, AutoRebalance
 from console.fleet import Fleet, Node
 from console.linkstate import LinkState
 from console.sanitize import shown_markup
@@ -54,6 +56,7 @@ from themes import stylesheet
 from themes.palette import DEFAULT_THEME, NAMES, THEMES
 
 REDRAW_S = 0.5  # at most two redraws a second, however many nodes report
+REBALANCE_S = 1.0  # how often an auto-rebalanced campaign is looked at (a round: 5 s apart)
 AGES_S = 1.0  # ages on screen tick at least once a second
 HISTORY_WINDOW_S = 3600.0
 CLOSE_TIMEOUT_S = 10.0
@@ -105,6 +108,13 @@ class FleetdeckApp(App[int]):
         self.links: dict[str, AgentLink] = {}
         self.controls = Controls(self)
         self.campaign_controls = CampaignControls(self, self.controls)
+        # [[campaigns]] rebalance = "auto": the tail moves on the refresh (never read-only).
+        self.rebalancers = [] if self.read_only else [
+            AutoRebalance(fleet, c, partial(self.call_node, timeout=CALL_TIMEOUT_S),
+                          partial(self.report, c.name), partial(self.report, c.name, ok=False),
+                          clock=clock)
+            for c in fleet.campaigns
+            if c.rebalance == "auto" and fleet.campaign_role(c) == "generate"]
         self.render_errors: list[str] = []
         self._drawn: tuple[int, ...] = ()
         self._last_draw = 0.0
@@ -138,6 +148,8 @@ class FleetdeckApp(App[int]):
             for node in self.fleet.nodes:
                 self.start_link(node)
         self.set_interval(REDRAW_S, self._tick)
+        if self.connect and self.rebalancers:
+            self.set_interval(REBALANCE_S, self._rebalance)
         self.call_after_refresh(self.redraw)
         if self.note:
             self.notify(self.note, timeout=20)
@@ -277,6 +289,12 @@ class FleetdeckApp(App[int]):
             self.notify(shown_markup(f"{event.worker.name}: {event.worker.error}"),
                         severity="error",
                         timeout=15)
+
+    def _rebalance(self) -> None:
+        for r in self.rebalancers:
+            if r.due(self.state):
+                self.run_worker(r.round(self.state), name=f"rebalance {r.campaign.name}",
+                                group="rebalance", exit_on_error=False)
 
     # -- drawing ----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ node at its step and of the console between the steps loses nothing and sends no
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -24,8 +25,12 @@ from agents.engine.ownership import expand
 from agents.rundir.schema import Snapshot
 from console.campaign import Member
 from console.campaign_rebalance import move_id, plan, target_of
-from console.fleet import Campaign, Fleet, Node
+from console.cli import main as cli_main
+from console.fleet import Campaign, Fleet, Node, load_fleet
+from console.tui.app import FleetdeckApp
 from tests.console import data as d
+from tests.console.conftest import until
+from tests.console.screen import Recorder
 from tests.console_headless.test_headless_ssh import AGENT, fleetdeck, node_toml
 from tests.engine.runs import write_prompts, write_spec
 from tests.plugins.supervised import agent, kill_run, rpc_status, wait_status
@@ -151,7 +156,8 @@ class Nodes:
     fleet: Path
     prompts: int
 
-    def write_fleet(self, env: dict[str, dict[str, str]] | None = None) -> None:
+    def write_fleet(self, env: dict[str, dict[str, str]] | None = None,
+                    rebalance: str = "off") -> None:
         """The fleet file; `env` adds to a node's agent environment (a crash point: the
         supervisor the agent starts inherits it)."""
         text = ""
@@ -160,7 +166,8 @@ class Nodes:
             cmd = " ".join(["env", *(f"{k}={v}" for k, v in extra.items()), AGENT])
             text += node_toml(name, self.sshd, self.run_dirs[name], agent_cmd=cmd)
             text += f'spec = "{spec}"\n'
-        text += '[[campaigns]]\nname = "traces"\nnodes = ["gen-1", "gen-2"]\n'
+        text += ('[[campaigns]]\nname = "traces"\nnodes = ["gen-1", "gen-2"]\n'
+                 f'rebalance = "{rebalance}"\n')
         self.fleet.write_text(text)
 
     def deck(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
@@ -254,8 +261,6 @@ def test_rebalance_moves_the_slow_shards_tail_to_the_idle_node(
         tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any) -> None:
     nodes = launch(tmp_path, sshd, s3, sims, prompts=240)
     try:
-        r = nodes.deck("rebalance", "traces")  # dangerous: --yes, as any move of work
-        assert r.returncode == 2 and "add --yes" in r.stderr
         slow = rpc_status(nodes.run_dirs["gen-2"])["progress"]
         left = slow["total"] - slow["completed"] - slow["failed"]
         assert left > 60, slow  # gen-2 is still far from done
@@ -296,6 +301,19 @@ def unadopted(nodes: Nodes) -> list[dict[str, Any]]:
     return out
 
 
+async def tui_until_adopted(nodes: Nodes, cede_id: str) -> list[str]:
+    """The TUI on the fleet file until gen-1 has journaled the adopt of `cede_id`; the
+    notifications it showed."""
+    rec = Recorder()
+    app = FleetdeckApp(load_fleet(nodes.fleet))
+    async with app.run_test(size=(160, 48), message_hook=rec) as pilot:
+        await until(pilot, lambda: any(e["op"] == "adopt" and e["id"] == cede_id
+                                       for e in nodes.journal("gen-1")), 90,
+                    f"the TUI's adopt of {cede_id}")
+        await until(pilot, lambda: rec.has("adopted cede"), 30, "its report")
+    return rec.notes
+
+
 def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
         tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any) -> None:
     # gen-1's supervisor dies at its first adopt (journaled, nothing sent); gen-2's at its
@@ -310,9 +328,10 @@ def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
         assert r.returncode == 3, r.stdout + r.stderr
         assert "gen-1: adopt rb-traces-" in r.stderr and "no answer" in r.stderr
         (adopt,) = nodes.journal("gen-1")
-        assert unadopted(nodes) == []  # gen-1's journal holds it, whatever its supervisor
+        # gen-1's journal holds it, whatever became of its supervisor: adopted, not again.
         r = nodes.deck("rebalance", "traces", "--yes", "--min", "20")
         assert "gen-1 owns 30 indices not done" in r.stderr and "resume gen-1" in r.stderr
+        assert "adopted cede" not in r.stdout and moved_lines(r.stdout) == []
         assert nodes.journal("gen-1") == [adopt] and len(nodes.journal("gen-2")) == 1
         nodes.write_fleet({"gen-2": crash["gen-2"]})  # gen-1 comes back without its crash
         assert nodes.deck("resume", "gen-1").returncode == 0
@@ -331,7 +350,6 @@ def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"adopted cede {cede['id']}: 30 indices from gen-2 now on gen-1" in r.stdout
         assert moved_lines(r.stdout) == []  # the cede finished; nothing new this round
-        assert unadopted(nodes) == []
         nodes.wait("gen-1", lambda s: s["status"] == "done" and s["progress"]["total"] ==
                    260, "the second 30 done")
 
@@ -339,13 +357,14 @@ def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
         r = nodes.deck(*step, env={"FLEETDECK_CONSOLE_CRASH_AT": "between_cede_and_adopt"})
         assert r.returncode == -signal.SIGKILL, r.stdout + r.stderr
         cede = nodes.journal("gen-2")[-1]
-        assert [(u["id"], u["node"], u["count"]) for u in unadopted(nodes)] == \
-            [(cede["id"], "gen-2", 30)]
         r = nodes.deck("status", "traces")
         assert f"gen-2 ceded 30 indices (cede {cede['id']}) that no node has adopted" \
             in r.stdout
-        r = nodes.deck("rebalance", "traces", "--yes", "--min", "20", "--max", "30")
-        assert f"adopted cede {cede['id']}: 30 indices from gen-2 now on gen-1" in r.stdout
+        # The TUI of a campaign with rebalance = "auto" finishes it on its refresh.
+        nodes.write_fleet(rebalance="auto")
+        notes = asyncio.run(tui_until_adopted(nodes, cede["id"]))
+        assert any(f"traces: adopted cede {cede['id']}: 30 indices from gen-2 now on gen-1"
+                   in n for n in notes), notes
 
         # The rest, then every index once.
         r = nodes.deck("rebalance", "traces", "--yes", "--min", "4", "--auto",
@@ -359,10 +378,22 @@ def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
         stop(nodes)
 
 
-@pytest.mark.parametrize("bad", [["--min", "-1"], ["--max", "0"]])
-def test_bad_limits_are_refused(tmp_path: Path, bad: list[str]) -> None:
+@pytest.mark.parametrize(("args", "why"), [
+    (["c"], "a dangerous action; add --yes"),
+    (["--read-only", "c", "--yes"], "not allowed in read-only mode"),
+    (["c", "--yes", "--min", "-1"], "--min must be >= 0 and --max >= 1"),
+    (["c", "--yes", "--max", "0"], "--min must be >= 0 and --max >= 1"),
+    (["t", "--yes"], "campaign t trains"),
+    (["nope", "--yes"], "no campaign named 'nope'")])
+def test_a_rebalance_that_may_not_run_exits_2_before_calling_a_node(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], why: str) -> None:
     fleet = tmp_path / "fleet.toml"
-    fleet.write_text('[[nodes]]\nname = "a"\nlocal = true\nrun_dir = "/r/a"\n'
-                     '[[campaigns]]\nname = "c"\nnodes = ["a"]\n')
-    r = fleetdeck(fleet, "rebalance", "c", "--yes", *bad)
-    assert r.returncode == 2 and "--min must be >= 0 and --max >= 1" in r.stderr
+    fleet.write_text('[[nodes]]\nname = "a"\nlocal = true\nrun_dir = "/nowhere/a"\n'
+                     '[[nodes]]\nname = "b"\nlocal = true\nrun_dir = "/nowhere/b"\n'
+                     'role = "train"\n'
+                     '[[campaigns]]\nname = "c"\nnodes = ["a"]\n'
+                     '[[campaigns]]\nname = "t"\nnodes = ["b"]\n')
+    ro = ["--read-only"] if args[0] == "--read-only" else []
+    rest = args[1:] if ro else args
+    assert cli_main(["--fleet", str(fleet), *ro, "rebalance", *rest]) == 2
+    assert why in capsys.readouterr().err
