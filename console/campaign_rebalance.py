@@ -49,6 +49,7 @@ DEFAULT_MIN = 1000  # two batches of the default batch_size (500): less is not w
 GIVES = ("running",)  # a node that cedes: sending now (a paused or stopping one is left be)
 TAKES = ("done", "running", "starting")  # a node that may adopt (never a failed or stopped)
 LIVE = ("running", "starting", "paused", "draining")
+REASSIGN_PREFIX = "reassign-"  # the id of a dead node's shard taken over (campaign_verify)
 CALL_TIMEOUT_S = 150.0  # an adopt on a node whose engine is ending waits for it (up to 120 s)
 
 Call = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
@@ -144,6 +145,21 @@ def target_of(campaign: Campaign, cede_id: str, ceder: str) -> str | None:
     return campaign.nodes[j]
 
 
+def reassigned(members: Sequence[Member], silent: list[str]) -> dict[str, str]:
+    """Silent nodes whose shard another node took over (`fleetdeck reassign`: an adopt whose id
+    is `reassign-...`, from that node): out of the campaign for good, so they hold nothing
+    back. Node -> the adopt's id."""
+    out: dict[str, str] = {}
+    for m in members:
+        p = m.snapshot.progress if m.snapshot is not None else None
+        if p is None or p.ownership is None:
+            continue
+        for a in p.ownership.adopts:
+            if a.id.startswith(REASSIGN_PREFIX) and a.node in silent:
+                out.setdefault(a.node, a.id)
+    return out
+
+
 def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: int,
          min_left: int = DEFAULT_MIN, most: int | None = None) -> Plan:
     """What one round does: every cede nobody adopted is adopted (on the node its id names,
@@ -164,6 +180,11 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
             silent.append(name)
         else:
             out.loads[name] = load
+    gone = reassigned(members, silent)
+    for name in gone:
+        out.notes.append(f"{name} did not answer and its shard was reassigned (adopt "
+                         f"{gone[name]}): it is left out")
+    silent = [x for x in silent if x not in gone]
     if silent:
         # A node that did not answer may hold the adopt of any cede: adopting one elsewhere
         # could send it twice, and a move would be planned on half the figures.

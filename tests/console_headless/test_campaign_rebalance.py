@@ -49,9 +49,10 @@ def fleet_of(n: int) -> tuple[Fleet, Campaign]:
 
 def member(name: str, shard: str, status: str = "running", total: int = 1000,
            completed: int = 0, failed: int = 0, rate: float = 0.0, elapsed_h: float = 0.0,
-           cedes: tuple[tuple[str, int], ...] = (), adopts: tuple[str, ...] = ()) -> Member:
+           cedes: tuple[tuple[str, int], ...] = (), adopts: tuple[str, ...] = (),
+           came_from: str = "x") -> Member:
     own = {"cedes": [{"id": i, "count": n, "time": d.NOW} for i, n in cedes],
-           "adopts": [{"id": i, "count": 1, "time": d.NOW, "node": "x", "shard": "0/2"}
+           "adopts": [{"id": i, "count": 1, "time": d.NOW, "node": came_from, "shard": "0/2"}
                       for i in adopts]}
     p = d.progress(run="traces", shard=shard, campaign="traces", status=status, total=total,
                    completed=completed, failed=failed, rate_per_sec=rate,
@@ -128,6 +129,21 @@ def test_nothing_moves_while_a_node_is_silent() -> None:
     assert p.empty and not p.answered
     assert any("gen-2 did not answer" in n for n in p.notes)
     assert any("cede c1" in n for n in p.notes)
+
+
+def test_a_silent_node_whose_shard_was_reassigned_holds_nothing_back() -> None:
+    fleet, c = fleet_of(3)
+    members = [member("gen-0", "0/3", completed=0, rate=1.0),
+               member("gen-1", "1/3", status="done", completed=1000, rate=5.0,
+                      adopts=("reassign-s02of03",), came_from="gen-2"),
+               Member("gen-2", "unreachable", None, "connection refused")]
+    p = plan(fleet, c, members, 1, 10)
+    assert p.answered and [(m.slow, m.idle) for m in p.moves] == [("gen-0", "gen-1")]
+    assert any("gen-2 did not answer and its shard was reassigned" in n for n in p.notes)
+    # A rebalance adopt from a silent node is no reassign: it still holds everything back.
+    members[1] = member("gen-1", "1/3", status="done", completed=1000, rate=5.0,
+                        adopts=(move_id(c, "gen-2", "gen-1", 1),), came_from="gen-2")
+    assert plan(fleet, c, members, 1, 10).empty
 
 
 def test_a_stopped_node_with_work_is_named_not_fed() -> None:
