@@ -12,6 +12,7 @@ accept length.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -22,6 +23,7 @@ from typing import Any
 
 import msgspec
 import torch
+from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -180,10 +182,12 @@ def load_drafter(ckpt: Path, target: TargetFacts | None,
     return drafter.eval()
 
 
-def load_weights(ckpt: Path, drafter: nn.Module) -> None:
+def load_weights(ckpt: Path, drafter: nn.Module, data: bytes | None = None) -> None:
+    """The weights of `ckpt` into `drafter`; from `data` (that file's bytes, as node rank 0
+    sends them to the other nodes) when given."""
     try:
-        weights = load_file(str(ckpt / WEIGHTS))
-    except (OSError, ValueError) as exc:
+        weights = load_file(str(ckpt / WEIGHTS)) if data is None else load_bytes(data)
+    except (OSError, ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{ckpt / WEIGHTS}: cannot read: {exc}") from None
     missing, unexpected = drafter.load_state_dict(weights, strict=False)
     if missing or unexpected:
@@ -191,9 +195,11 @@ def load_weights(ckpt: Path, drafter: nn.Module) -> None:
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
 
 
-def load_state(ckpt: Path) -> dict[str, Any]:
+def load_state(ckpt: Path, data: bytes | None = None) -> dict[str, Any]:
+    """training_state.pt of `ckpt` (or its bytes, `data`)."""
     try:
-        state: dict[str, Any] = torch.load(ckpt / STATE, weights_only=True)
+        source: Path | io.BytesIO = ckpt / STATE if data is None else io.BytesIO(data)
+        state: dict[str, Any] = torch.load(source, weights_only=True)
     except (OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{ckpt / STATE}: cannot read: {exc}") from None
     return state

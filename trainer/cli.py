@@ -6,7 +6,8 @@
     fleetdeck-train export RUN.toml [--checkpoint best|latest|DIR] [--to DIR]
 
 Exit codes: 0 ok; 1 a check failed (the quality gate, outputs that differ from greedy
-decoding); 2 a usage or input error (the message names the file and the key).
+decoding); 2 a usage or input error (the message names the file and the key); 3 another
+node of a run across nodes was lost (`resume` on every node goes on).
 Data (reports) go to stdout as JSON, narration to stderr.
 """
 
@@ -104,21 +105,25 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launch_torchrun(nproc: int, argv: Sequence[str]) -> None:
-    """`[train] nproc` > 1 outside torchrun: become torchrun, running this same command."""
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", "-m", "trainer.cli", *argv]
-    os.execv(sys.executable, args)
+def _become_torchrun(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """`[train] nproc` or `nodes` > 1 outside torchrun: become torchrun, running this same
+    command in each process (one node, or this node's part of a run across nodes). Before
+    torch is imported: torchrun and its workers import it."""
+    from trainer.launch import torchrun_command, under_torchrun
+    from trainer.paths import load_train_spec
+
+    spec, cfg = load_train_spec(args.spec)
+    if (cfg.nproc > 1 or cfg.nodes > 1) and not under_torchrun():
+        os.execv(sys.executable, torchrun_command(
+            list(argv), cfg.nproc, cfg.nodes, cfg.node_rank, cfg.rdzv_endpoint,
+            spec.run.name, cfg.join_timeout_s, cfg.node_timeout_s))
 
 
-def _train(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from trainer.distributed import under_torchrun
+def _train(args: argparse.Namespace) -> int:
     from trainer.paths import load_train_spec
     from trainer.train import TrainOptions, train
 
     spec, cfg = load_train_spec(args.spec)
-    if cfg.nproc > 1 and not under_torchrun():
-        _launch_torchrun(cfg.nproc, argv)
     for flag, value in (("--steps", args.steps), ("--max-steps", args.max_steps)):
         if value is not None and value < 1:
             raise SpecError(f"{flag}: must be at least 1, got {value}")
@@ -161,13 +166,21 @@ def _export(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+    # The first process of each node narrates (with several nodes, each node its own log).
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    logging.basicConfig(level=logging.INFO if local_rank == 0 else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
+    if args.command == "train":
+        try:
+            _become_torchrun(args, argv)
+        except SpecError as exc:
+            print(f"fleetdeck-train train: {exc}", file=sys.stderr)
+            return 2
     from trainer.checkpoint import CheckpointError
     from trainer.contract import ContractError
     from trainer.data import DataError
+    from trainer.distributed import NodesError
     from trainer.evaluate import EvaluateError
     from trainer.export import ExportError
     from trainer.prepare import PrepareError
@@ -180,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "prepare":
             return _prepare(args)
         if args.command == "train":
-            return _train(args, argv)
+            return _train(args)
         if args.command == "export":
             return _export(args)
         return _evaluate(args)
@@ -188,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fleetdeck-train {args.command}: refused: {exc}", file=sys.stderr)
         return 1
     except (SpecError, SourceError, PrepareError, TargetError, TrainInputError, DataError,
-            ShardError, CheckpointError, EvaluateError, ContractError, ExportError) as exc:
+            ShardError, CheckpointError, EvaluateError, ContractError, ExportError,
+            NodesError) as exc:
         print(f"fleetdeck-train {args.command}: {exc}", file=sys.stderr)
         return 2
 

@@ -1,16 +1,44 @@
 """The process group under torchrun: NCCL on GPUs, gloo on the CPU; a single process without.
 
-Run several processes with `torchrun --standalone --nproc_per_node N -m trainer.cli train
-RUN.toml` (or `fleetdeck-train train` with `[train] nproc`, which starts torchrun itself).
+`fleetdeck-train train` becomes torchrun itself for `[train] nproc` or `nodes` > 1
+(trainer/launch.py). With several nodes, node rank 0 leads (writes the checkpoints and the
+run's progress, hands its checkpoint to the others on a resume), and a collective waits at
+most `[train] node_timeout_s` once the run has started, so that a lost node stops the job
+instead of hanging it for gloo's 30 minutes (trainer/nodewatch.py names the node).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger("fleetdeck.train")
+T = TypeVar("T")
+
+
+class NodesError(ValueError):
+    """The nodes of a run do not fit together (node ranks, data): exit 2 on every node."""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What one process says about itself at the start (gathered by every process)."""
+
+    node_rank: int
+    local_rank: int
+    host: str
+    run_dir: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.host}: {self.run_dir}"
 
 
 @dataclass(frozen=True)
@@ -19,21 +47,43 @@ class Dist:
     world: int
     local_rank: int
     device: torch.device
+    # fleetdeck's node rank ([train] node_rank, the campaign's order), not torchrun's: the
+    # c10d rendezvous numbers the nodes in an order of its own.
+    node_rank: int = 0
+    nodes: int = 1
+    # The global rank of node 0's first process: it writes checkpoints and progress.
+    lead: int = 0
+    # Every process's facts by global rank (several nodes only).
+    facts: tuple[NodeFacts, ...] = ()
 
     @property
     def main(self) -> bool:
-        return self.rank == 0
+        return self.rank == self.lead
+
+    @property
+    def node_main(self) -> bool:
+        """The first process of its node: it writes this node's progress.json."""
+        return self.local_rank == 0
 
     @property
     def enabled(self) -> bool:
         return self.world > 1
 
+    def node(self, node_rank: int) -> NodeFacts | None:
+        return next((f for f in self.facts if f.node_rank == node_rank and f.local_rank == 0),
+                    None)
 
-def under_torchrun() -> bool:
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+    def describe(self, node_rank: int) -> str:
+        """'rank 1 of 2 (host: run dir)', as the console and the logs name a node."""
+        facts = self.node(node_rank)
+        where = f" ({facts.where})" if facts is not None else ""
+        return f"rank {node_rank} of {self.nodes}{where}"
 
 
-def init() -> Dist:
+def init(nodes: int = 1, node_rank: int = 0, run_dir: str = "",
+         startup_timeout_s: float | None = None) -> Dist:
+    """Join the process group. With several nodes the group waits `startup_timeout_s` while
+    the nodes start (prepare, load the target); `set_timeout` shortens it once they have."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -42,12 +92,73 @@ def init() -> Dist:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        if world > 1:
-            # Share the cores instead of each process taking them all.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        if local_world > 1:
+            # Share the node's cores instead of each process taking them all (a single
+            # process per node keeps what OMP_NUM_THREADS gives it).
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world, local, device)
+        kwargs: dict[str, Any] = {}
+        if startup_timeout_s is not None:
+            kwargs["timeout"] = timedelta(seconds=startup_timeout_s)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **kwargs)
+    d = Dist(rank, world, local, device, node_rank, nodes)
+    if nodes <= 1 or world <= 1:
+        return d
+    mine = NodeFacts(node_rank, local, socket.gethostname(), run_dir)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    facts = tuple(gathered)
+    return Dist(rank, world, local, device, node_rank, nodes, _lead(facts, nodes), facts)
+
+
+def _lead(facts: tuple[NodeFacts, ...], nodes: int) -> int:
+    """Node 0's first process, after checking that the node ranks are 0..nodes-1, each
+    claimed by one node (a campaign's launch numbers them; a hand-written spec may not)."""
+    by_node: dict[int, set[str]] = {}
+    for f in facts:
+        by_node.setdefault(f.node_rank, set()).add(f.where)
+    for r, places in sorted(by_node.items()):
+        if not 0 <= r < nodes:
+            raise NodesError(f"[train] node_rank {r} on {sorted(places)[0]}: outside "
+                             f"0..{nodes - 1}")
+        if len(places) > 1:
+            raise NodesError(f"[train] node_rank {r} is claimed by {len(places)} nodes ("
+                             + ", ".join(sorted(places)) + "): each node needs its own rank")
+    missing = sorted(set(range(nodes)) - set(by_node))
+    if missing:
+        raise NodesError(f"[train] node_rank {missing[0]}: no node has it, though nodes = "
+                         f"{nodes}; launch every node of the run with its own rank")
+    return next(i for i, f in enumerate(facts) if f.node_rank == 0 and f.local_rank == 0)
+
+
+def set_timeout(seconds: float, d: Dist) -> None:
+    """How long a collective waits from now on (this process; every process sets its own)."""
+    if not d.enabled:
+        return
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timedelta(seconds=seconds))
+
+
+def from_lead(obj: T | None, d: Dist) -> T:
+    """The lead's `obj`, on every process (pickled; the others pass None)."""
+    box: list[Any] = [obj]
+    if d.enabled:
+        dist.broadcast_object_list(box, src=d.lead)
+    if box[0] is None:
+        raise NodesError(f"rank {d.rank}: nothing came from the lead (rank {d.lead})")
+    result: T = box[0]
+    return result
+
+
+def gather(obj: T, d: Dist) -> list[T]:
+    """Every process's `obj`, by global rank."""
+    if not d.enabled:
+        return [obj]
+    out: list[Any] = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def all_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
@@ -65,9 +176,16 @@ def any_rank(flag: bool, d: Dist) -> bool:
     return bool(all_sum(torch.tensor([1.0 if flag else 0.0]), d)[0] > 0)
 
 
-def barrier(d: Dist) -> None:
-    if d.enabled:
-        dist.barrier()
+def barrier(d: Dist, patience_s: float | None = None, usual_s: float | None = None) -> None:
+    """Wait for every process; `patience_s` for this one wait (the lead may be writing a large
+    checkpoint), then back to `usual_s`."""
+    if not d.enabled:
+        return
+    if patience_s is not None:
+        set_timeout(patience_s, d)
+    dist.barrier()
+    if patience_s is not None and usual_s is not None:
+        set_timeout(usual_s, d)
 
 
 def close(d: Dist) -> None:

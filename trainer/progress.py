@@ -1,6 +1,8 @@
 """progress.json for a training run, in the fleet's conventions (`kind = "train"`).
 
-Written atomically (temp + os.replace) by rank 0: on every update at most every `every_s`
+Written atomically (temp + os.replace) by rank 0 (with several nodes, by each node's first
+process: node 0's is the run's progress, the others' say "rank R of N, following rank 0"
+and count the same steps): on every update at most every `every_s`
 seconds, always at a checkpoint and at the end, and by a heartbeat thread in between, so
 that `updated_at` stays fresh through a long step, evaluation or checkpoint and the agent
 and console read it like a generation run's heartbeat (agents.rundir.schema.TrainProgress).
@@ -23,7 +25,7 @@ from agents.rundir.schema import RunStatus, TrainProgress, encoder
 
 class ProgressWriter:
     def __init__(self, path: Path, run: str, total_steps: int, epochs: int, world: int,
-                 every_s: float = 2.0) -> None:
+                 every_s: float = 2.0, node_rank: int = 0, nodes: int = 1) -> None:
         self.path = path
         self.every_s = every_s
         self.started_at = time.time()
@@ -37,7 +39,8 @@ class ProgressWriter:
             accept_length=None, tokens_per_s=0.0, lr=0.0, eta_hours=None,
             last_checkpoint=None, best_checkpoint=None, status="starting",
             updated_at=self.started_at, run=run, pid=os.getpid(),
-            started_at=self.started_at, epochs=epochs, world_size=world)
+            started_at=self.started_at, epochs=epochs, world_size=world,
+            node_rank=node_rank, nodes=nodes)
 
     def update(self, force: bool = False, **fields: Any) -> None:
         with self._lock:

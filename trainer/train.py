@@ -6,6 +6,11 @@ the drafter's blocks are scored with the decayed loss. AdamW, cosine schedule wi
 gradient clipping and accumulation, DDP under torchrun. The anchors of a step come from a
 generator seeded by (seed, rank, step, micro-batch) and the data order from (seed, epoch),
 so `--resume` from a checkpoint continues exactly as if the run had not stopped.
+
+Across nodes (`[train] nodes`) node rank 0 leads: it alone writes checkpoints and the run's
+progress, and on `--resume` decides from its checkpoints and sends the one it resumes from to
+the others; a lost node stops every node within `[train] node_timeout_s`
+(trainer/nodewatch.py), and `resume` on every node goes on from that checkpoint.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -37,8 +45,9 @@ from trainer.blocks import (
 )
 from trainer.contract import DFlashSettings, drafter_config
 from trainer.data import StepPlan, load_batch
-from trainer.distributed import Dist
+from trainer.distributed import Dist, NodesError
 from trainer.drafter import DFlashDraftModel
+from trainer.nodewatch import LOST_EXIT, NodeWatch, short_error
 from trainer.objective import BlockStats, attention_for, block_loss
 from trainer.paths import TrainPaths, resolve
 from trainer.progress import ProgressWriter
@@ -62,6 +71,21 @@ class TrainInputError(ValueError):
 
 class GateRefused(RuntimeError):
     """The prepared data set failed the quality gate (exit 1)."""
+
+
+RESUME_HINT = "the job stops; `resume` on every node goes on from rank 0's last checkpoint"
+
+
+@dataclass
+class Offer:
+    """What a run resumes from, as node rank 0 found it (sent to every process when there
+    are several nodes, with the checkpoint's files, which only node 0 has)."""
+
+    refusal: str | None = None
+    note: str | None = None
+    folder: str | None = None
+    weights: bytes | None = None
+    state: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +161,7 @@ class Trainer:
         self._check_prepared()
         self.train_set = ShardSet(self.paths.prepared, "train")
         self.heldout = ShardSet(self.paths.prepared, "heldout")
+        self._agree_on_data()
         self.target = load_target(self.paths.target, self.dtype, self.device)
         from transformers import AutoTokenizer
 
@@ -168,9 +193,20 @@ class Trainer:
             self.model = nn.parallel.DistributedDataParallel(
                 self.drafter, device_ids=[self.device.index] if self.device.type == "cuda"
                 else None)
+        # Every node's first process keeps its node's progress.json; node 0's is the run's.
+        self.following = (None if d.main
+                          else f"rank {d.node_rank} of {d.nodes}, following rank 0")
         self.progress = (ProgressWriter(self.paths.progress, spec.run.name,
-                                        self.plan.total_steps, cfg.epochs, d.world)
-                         if d.main else None)
+                                        self.plan.total_steps, cfg.epochs, d.world,
+                                        node_rank=d.node_rank, nodes=d.nodes)
+                         if d.node_main else None)
+        self.watch: NodeWatch | None = None
+        if d.nodes > 1:
+            # Started: from now on a collective waits for a node at most node_timeout_s.
+            distributed.set_timeout(cfg.node_timeout_s, d)
+            if d.node_main and cfg.rdzv_endpoint is not None:
+                self.watch = NodeWatch(d, cfg.rdzv_endpoint, spec.run.name,
+                                       cfg.node_timeout_s, self._lost)
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -191,33 +227,82 @@ class Trainer:
                 f"{path}: prepared for block_size {report.block_size}, but [train] "
                 f"block_size is {self.cfg.block_size}; run prepare again")
 
-    def _resume_or_refuse(self) -> None:
+    def _agree_on_data(self) -> None:
+        """Every node prepared its own shards from the same data: they must be the same size,
+        or the nodes would plan different steps and wait for each other forever."""
+        if self.d.nodes <= 1:
+            return
+        sizes = distributed.gather((self.d.node_rank, len(self.train_set), len(self.heldout)),
+                                   self.d)
+        _, train0, held0 = sizes[self.d.lead]
+        for node, n_train, n_held in sizes:
+            if (n_train, n_held) != (train0, held0):
+                raise NodesError(
+                    f"{self.d.describe(node)} prepared {n_train} train and {n_held} held-out "
+                    f"samples, rank 0 {train0} and {held0}: every node must prepare the same "
+                    "data ([train] data and prepare's settings)")
+
+    def _offer(self, ship: bool) -> Offer:
+        """What to resume from, found in this node's checkpoints; `ship`: with the files."""
         out = self.paths.output
         last = ckpt.latest(out)
         if not self.opts.resume:
             if last is not None:
-                raise TrainInputError(f"{out}: holds checkpoints ({last.name}); pass --resume "
-                                      "to continue them, or move them away to start over")
-            return
+                return Offer(refusal=f"{out}: holds checkpoints ({last.name}); pass --resume "
+                             "to continue them, or move them away to start over")
+            return Offer()
         if last is None:
-            log.info("nothing to resume in %s: starting from step 0", out)
+            return Offer(note=f"nothing to resume in {out}: starting from step 0")
+        if not ship:
+            return Offer(folder=str(last))
+        try:
+            return Offer(folder=str(last), weights=(last / ckpt.WEIGHTS).read_bytes(),
+                         state=(last / ckpt.STATE).read_bytes())
+        except OSError as exc:
+            return Offer(refusal=f"{last}: cannot read: {exc}")
+
+    def _resume_or_refuse(self) -> None:
+        if self.d.nodes > 1:
+            offer = distributed.from_lead(self._offer(ship=True) if self.d.main else None,
+                                          self.d)
+        else:
+            offer = self._offer(ship=False)
+        if offer.refusal is not None:
+            raise TrainInputError(offer.refusal)
+        if offer.note is not None:
+            log.info("%s", offer.note)
+        if offer.folder is None:
             return
-        state = ckpt.load_state(last)
+        last = Path(offer.folder)
+        state = ckpt.load_state(last, offer.state)
         if state.get("world_size") != self.d.world:
             raise TrainInputError(
                 f"{last}: written by {state.get('world_size')} processes, this run has "
-                f"{self.d.world}; resume with the same [train] nproc to continue exactly")
+                f"{self.d.world}; resume with the same [train] nodes and nproc to continue "
+                "exactly")
         if state.get("total_steps") != self.plan.total_steps:
             raise TrainInputError(
                 f"{last}: planned {state.get('total_steps')} steps, this run plans "
                 f"{self.plan.total_steps}: the data or [train] epochs/batch changed")
-        ckpt.load_weights(last, self.drafter)
+        ckpt.load_weights(last, self.drafter, offer.weights)
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         ckpt.restore_rng(state["rng"])
         self.step = int(state["step"])
         self.last_ckpt = last.name
         log.info("resumed from %s at step %d", last, self.step)
+
+    def _lost(self, reason: str, cause: str | None = None) -> None:
+        """A node is lost (the watch says so while this process waits in a collective, or a
+        collective failed and the watch names who went): say so and end the process at once,
+        LOST_EXIT (the group cannot be taken down in order; torchrun then ends the node's
+        job, non-zero)."""
+        message = f"{reason} ({cause}); {RESUME_HINT}" if cause else f"{reason}; {RESUME_HINT}"
+        log.error("%s", message)
+        if self.progress is not None:
+            self.progress.finish("failed", message)
+        sys.stderr.flush()
+        os._exit(LOST_EXIT)
 
     # -- one step ------------------------------------------------------------------------
 
@@ -301,7 +386,12 @@ class Trainer:
                     best_checkpoint=str(out / best.checkpoint) if best else None,
                     best_accept_length=best.heldout_accept_length if best else None,
                     heldout_accept_length=metrics.heldout_accept_length)
-        distributed.barrier(self.d)
+        if self.d.nodes > 1:
+            # The others wait here while rank 0 writes (the watch still catches a lost node).
+            distributed.barrier(self.d, patience_s=self.cfg.join_timeout_s,
+                                usual_s=self.cfg.node_timeout_s)
+        else:
+            distributed.barrier(self.d)
 
     def run(self) -> str:
         cfg, plan = self.cfg, self.plan
@@ -310,16 +400,20 @@ class Trainer:
         step_s: float | None = None
         ran = 0
         status = "done"
+        if self.watch is not None:
+            self.watch.start()
         if self.progress is not None:
             out = self.paths.output
-            best = ckpt.read_best(out) if self.last_ckpt else None
+            best = ckpt.read_best(out) if self.last_ckpt and self.d.main else None
             self.progress.start_heartbeat()
             self.progress.update(
                 force=True, status="running", step=self.step,
                 epoch=plan.epoch_of(min(self.step, plan.total_steps - 1)),
-                last_checkpoint=str(out / self.last_ckpt) if self.last_ckpt else None,
+                last_checkpoint=str(out / self.last_ckpt) if self.last_ckpt and self.d.main
+                else None,
                 best_checkpoint=str(out / best.checkpoint) if best else None,
-                best_accept_length=best.heldout_accept_length if best else None)
+                best_accept_length=best.heldout_accept_length if best else None,
+                message=self.following)
         last_log = 0.0
         with stop_on_signals() as stop_flag:
             while self.step < plan.total_steps:
@@ -337,7 +431,13 @@ class Trainer:
                 done = self.step >= plan.total_steps
                 if self.step % cfg.save_every == 0 or done or stop or budget:
                     self.checkpoint(window)
-                if self.progress is not None:
+                if self.progress is not None and not self.d.main:
+                    # A follower counts the same steps; the figures are rank 0's to show.
+                    self.progress.update(
+                        status="running", step=self.step, epoch=plan.epoch_of(self.step - 1),
+                        steps_per_s=1.0 / step_s if step_s else 0.0,
+                        eta_hours=(plan.total_steps - self.step) * step_s / 3600.0)
+                elif self.progress is not None:
                     rate = tokens.tick()
                     self.progress.update(
                         status="running", step=self.step, epoch=plan.epoch_of(self.step - 1),
@@ -353,8 +453,12 @@ class Trainer:
                 if (stop or budget) and not done:
                     status = "stopped"
                     break
+        if self.watch is not None:
+            self.watch.stop(done=True)
         if self.progress is not None:
             why = None if status == "done" else f"stopped at step {self.step}; --resume goes on"
+            if self.following is not None:
+                why = self.following if why is None else f"{self.following}; {why}"
             self.progress.finish("done" if status == "done" else "stopped", why)
         return status
 
@@ -373,16 +477,23 @@ def _refused(spec: RunSpec, cfg: TrainSection, d: Dist, message: str) -> None:
 
 
 def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
-    d = distributed.init()
+    several = cfg.nodes > 1
+    d = distributed.init(cfg.nodes, cfg.node_rank, str(spec.run_dir),
+                         cfg.join_timeout_s if several else None)
     trainer: Trainer | None = None
     try:
         trainer = Trainer(spec, cfg, opts, d)
         return trainer.run()
     except BaseException as exc:
+        if trainer is not None and trainer.watch is not None and isinstance(exc, RuntimeError):
+            # A collective failed: a peer's socket closed, or it waited node_timeout_s.
+            reason = trainer.watch.explain()
+            if reason is not None:
+                trainer._lost(reason, short_error(exc))
         message = f"{type(exc).__name__}: {exc}"
         if trainer is not None and trainer.progress is not None:
             trainer.progress.finish("failed", message)
-        elif d.main:
+        elif d.node_main:
             _refused(spec, cfg, d, message)
         raise
     finally:

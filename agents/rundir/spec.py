@@ -176,6 +176,19 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     seed: int = 0
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     nproc: int = 1
+    # Across nodes: `nodes` machines of `nproc` processes each, joined by torchrun's c10d
+    # rendezvous at rdzv_endpoint ("HOST:PORT" of node rank 0, which hosts it, writes the
+    # checkpoints and the run's progress). node_rank is set per node by the launch (in a
+    # training campaign: the node's place in the campaign's list).
+    nodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    # A node silent this long (no heartbeat, a collective waiting) is lost: the job stops and
+    # `resume` on every node continues from the last checkpoint.
+    node_timeout_s: float = 30.0
+    # How long the nodes wait for each other to start (prepare, loading the target) and for
+    # node rank 0 to write a checkpoint.
+    join_timeout_s: float = 1800.0
     # Evaluation by real speculative decoding.
     eval_prompts: int = 64
     eval_max_new_tokens: int = 256
@@ -452,8 +465,31 @@ def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
             fail("[train] target_layer_ids", "must not be empty")
         if any(i < 0 for i in ids) or sorted(set(ids)) != ids:
             fail("[train] target_layer_ids", f"must be distinct, increasing and >= 0, got {ids}")
+    _check_nodes(train, fail)
     if train.data.startswith("s3://") and not re.match(r"^s3://[^/]+", train.data):
         fail("[train] data", f"{train.data!r} names no bucket (s3://bucket/prefix)")
+
+
+def _check_nodes(train: TrainSection, fail: Callable[[str, str], None]) -> None:
+    """[train] nodes, node_rank, rdzv_endpoint and the two timeouts."""
+    if train.nodes < 1:
+        fail("[train] nodes", f"must be at least 1, got {train.nodes}")
+    if not 0 <= train.node_rank < train.nodes:
+        fail("[train] node_rank", f"must be between 0 and nodes - 1 ({train.nodes - 1}), got "
+             f"{train.node_rank}")
+    endpoint = train.rdzv_endpoint
+    if train.nodes > 1 and endpoint is None:
+        fail("[train] rdzv_endpoint", f'required with nodes = {train.nodes}: "HOST:PORT" of '
+             "node rank 0, where the nodes meet")
+    if endpoint is not None:
+        m = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", endpoint)
+        if m is None or not 1 <= int(m.group(2)) <= 65535:
+            fail("[train] rdzv_endpoint", f"{endpoint!r} is not HOST:PORT (a port 1-65535)")
+    if train.node_timeout_s <= 0:
+        fail("[train] node_timeout_s", f"must be more than 0, got {train.node_timeout_s}")
+    if train.join_timeout_s < train.node_timeout_s:
+        fail("[train] join_timeout_s", f"must be at least node_timeout_s "
+             f"({train.node_timeout_s:g}), got {train.join_timeout_s:g}")
 
 
 def _check_servers(servers: ServersSection, fail: Callable[[str, str], None]) -> None:

@@ -55,6 +55,7 @@ from agents.supervise.snapshot import (
     read_train_progress,
     server_row,
 )
+from agents.supervise.train_job import ask_to_stop
 
 log = logging.getLogger("fleetdeck.supervisor")
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
@@ -237,7 +238,7 @@ class Supervisor:
         if self.engine is not None and self.job_running():
             self.engine.request_stop()
         elif self.train_proc is not None and self.train_proc.poll() is None:
-            self.train_proc.send_signal(signal.SIGTERM)
+            ask_to_stop(self.train_proc.pid)
         elif servers and self.servers is not None:
             await self.servers.stop_all()
 
