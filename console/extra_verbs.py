@@ -31,6 +31,10 @@ def add(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(runner=decommission.cmd_decommission_check)
 
+    from console import campaign_verify
+
+    campaign_verify.add(sub)
+
     from console import campaign_rebalance
 
     campaign_rebalance.add(sub)

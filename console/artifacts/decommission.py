@@ -2,6 +2,9 @@
 
 The gate passes only when the run is done or stopped, the node's `verify` passes, and every
 artifact of the pull set is here with a matching sha256; otherwise it lists what is missing.
+A node of a generation campaign must also have its journals in S3 as they are on its disk and
+no ceded range that nobody adopted (judged from S3 by its own agent): then it can go back
+while the campaign's other nodes still run.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from console.artifacts.pullset import (
     save_manifest,
 )
 from console.artifacts.sources import PullError, open_source
-from console.fleet import Fleet, Node
+from console.fleet import Campaign, Fleet, Node
 from console.headless import (
     EXIT_CHECK,
     EXIT_OK,
@@ -93,7 +96,8 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
     return report
 
 
-async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
+async def checklist(link: AgentLink, node: Node, pull_dir: Path,
+                    campaign: Campaign | None = None) -> Checklist:
     snap, entries, chosen = await _context(link, node, False)
     dest = dest_for(pull_dir, node, snap.get("run"))
     status = snap.get("status")
@@ -108,6 +112,8 @@ async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
                               else "; ".join(problems[:5]), problems))
         except RpcError as exc:
             items.append(Item("verify (S3 and counts)", False, shown(exc.message)))
+        if campaign is not None:
+            items += await campaign_items(link, node, campaign, snap)
     missing = []
     for e in chosen:
         try:
@@ -135,6 +141,39 @@ async def checklist(link: AgentLink, node: Node, pull_dir: Path) -> Checklist:
                    "then pull again")
     items.append(Item("artifacts pulled", not missing, detail, missing))
     return Checklist(node.name, str(dest), items)
+
+
+async def campaign_items(link: AgentLink, node: Node, campaign: Campaign,
+                         snap: dict[str, Any]) -> list[Item]:
+    """A campaign node's shard is safe to leave only when what the campaign judges it by is
+    in S3: its journals as on its disk, and none of its cedes waiting for an adopter."""
+    progress = snap.get("progress") if isinstance(snap.get("progress"), dict) else None
+    ownership = (progress or {}).get("ownership")
+    if not isinstance(ownership, dict):
+        journals = Item("journals in S3", False, "the run reports no journals (not a shard "
+                        "of a campaign, or never started): nothing says S3 has them")
+    elif ownership.get("s3_behind"):
+        journals = Item("journals in S3", False, "its failures.jsonl or ownership.jsonl in S3 "
+                        "is behind the disk: resume the run (or wait) until it uploads them")
+    else:
+        journals = Item("journals in S3", True, "failures.jsonl and ownership.jsonl in S3 "
+                        "are as on the disk")
+    shard = campaign.shard(node.name)
+    try:
+        report = await link.call("verify_union", {"shards": len(campaign.nodes),
+                                                  "nodes": list(campaign.nodes),
+                                                  "batches": False}, timeout=600)
+    except RpcError as exc:
+        return [journals, Item("no unadopted cede", False, shown(exc.message))]
+    waiting = [u for u in report.get("unadopted") or []
+               if isinstance(u, dict) and u.get("shard") == shard]
+    named = [f"{shown(str(u.get('id')))}: {u.get('count')} indices ({shown(str(u.get('ranges')))})"
+             for u in waiting]
+    cede = Item("no unadopted cede", not waiting,
+                f"every range shard {shard} ceded was adopted" if not waiting else
+                f"{len(waiting)} ceded range(s) of shard {shard} nobody adopted: adopt them "
+                f"(`fleetdeck rebalance {campaign.name}`) before the node goes", named)
+    return [journals, cede]
 
 
 def verify_summary(report: dict[str, Any]) -> str:
@@ -204,7 +243,10 @@ async def cmd_decommission_check(fleet: Fleet, args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     try:
         pull_dir = Path(args.to) if args.to else fleet.pull_dir
-        result = await checklist(link, node, pull_dir)
+        campaign = fleet.campaign_of(node.name)
+        if campaign is not None and fleet.campaign_role(campaign) != "generate":
+            campaign = None
+        result = await checklist(link, node, pull_dir, campaign)
     except (RpcError, ConnectionError, TimeoutError) as exc:
         say(f"{node.name}: decommission-check: {shown(exc)}")
         return EXIT_UNREACHABLE
@@ -224,4 +266,5 @@ async def cmd_decommission_check(fleet: Fleet, args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_CHECK
 
 
-__all__ = ["Checklist", "checklist", "cmd_decommission_check", "cmd_pull", "pull_node"]
+__all__ = ["Checklist", "campaign_items", "checklist", "cmd_decommission_check", "cmd_pull",
+           "pull_node"]

@@ -7,6 +7,8 @@ dead shard's not-done indices, the record in S3 before anything else, a retry fi
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from agents.engine.ownership import adopt_event, cede_event, encode
 from agents.rundir.batchnames import batch_name
 from agents.rundir.schema import RunPin
 from agents.rundir.shard import Shard
-from tests.servers.s3 import S3Server
+from tests.servers.s3 import S3Server, start_s3
 
 N, TOTAL, PREFIX = 3, 30, "camp/"
 
@@ -77,11 +79,28 @@ def failing(report: UnionReport) -> list[str]:
     return [c.name for c in report.checks if not c.ok]
 
 
+@pytest.fixture(scope="module")
+def one_s3() -> Iterator[S3Server]:
+    with tempfile.TemporaryDirectory(prefix="fd-s3-") as d:
+        server = start_s3(Path(d))
+        try:
+            yield server
+        finally:
+            server.kill()
+
+
 @pytest.fixture
-def s3_env(s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
-    for k, v in s3.env().items():
+def s3_env(one_s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """One S3 for the module, its prefix emptied for each test; its keys in the environment,
+    where the union's boto3 finds them."""
+    client = one_s3.client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=one_s3.bucket,
+                                                                  Prefix=PREFIX):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=one_s3.bucket, Key=obj["Key"])
+    for k, v in one_s3.env().items():
         monkeypatch.setenv(k, v)
-    return s3
+    return one_s3
 
 
 def good_campaign(s3: S3Server) -> Campaign:
