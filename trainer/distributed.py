@@ -109,10 +109,10 @@ def init(nodes: int = 1, node_rank: int = 0, run_dir: str = "",
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine)
     facts = tuple(gathered)
-    return Dist(rank, world, local, device, node_rank, nodes, _lead(facts, nodes), facts)
+    return Dist(rank, world, local, device, node_rank, nodes, lead_of(facts, nodes), facts)
 
 
-def _lead(facts: tuple[NodeFacts, ...], nodes: int) -> int:
+def lead_of(facts: tuple[NodeFacts, ...], nodes: int) -> int:
     """Node 0's first process, after checking that the node ranks are 0..nodes-1, each
     claimed by one node (a campaign's launch numbers them; a hand-written spec may not)."""
     by_node: dict[int, set[str]] = {}

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 
 from agents.rundir.schema import TrainProgress, train_progress_decoder
+from agents.rundir.spec import SpecError, load_spec
 from tests.agent.stdio import request, serve
 from tests.plugins.supervised import agent, kill_run, rpc_status
 from tests.servers.ports import free_ports, wait_until
 from tests.trainer.conftest import cli
 from tests.trainer.tinyworld import World, word_lines, write_batches, write_spec
+from trainer.distributed import NodeFacts, NodesError, lead_of
 
 ENV = {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 # Small enough for two nodes on two cores; epochs enough that the run is never done here.
@@ -222,3 +224,51 @@ def resume_both(runs: list[Path], checkpoint: str | None) -> None:
 def _parent(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_bytes()
     return int(stat[stat.rfind(b")") + 2:].split()[1])
+
+
+@pytest.mark.parametrize(("keys", "complaint"), [
+    ({"nodes": 2}, "[train] rdzv_endpoint: required with nodes = 2"),
+    ({"nodes": 2, "node_rank": 2, "rdzv_endpoint": "node-a:29400"}, "[train] node_rank"),
+    ({"nodes": 2, "rdzv_endpoint": "node-a"}, "'node-a' is not HOST:PORT"),
+    ({"nodes": 2, "rdzv_endpoint": "node-a:70000"}, "is not HOST:PORT"),
+    ({"nodes": 0}, "[train] nodes: must be at least 1"),
+    ({"node_timeout_s": 60.0, "join_timeout_s": 30.0}, "[train] join_timeout_s"),
+])
+def test_node_keys_are_checked_at_load(tmp_path: Path, keys: dict[str, Any],
+                                       complaint: str) -> None:
+    spec = write_spec(tmp_path / "run.toml", str(tmp_path), tmp_path, tmp_path / "run", **keys)
+    with pytest.raises(SpecError) as caught:
+        load_spec(spec)
+    assert complaint in str(caught.value) and str(spec) in str(caught.value)
+
+
+def test_launch_refuses_bad_node_params_and_starts_nothing(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "train.toml", str(tmp_path), tmp_path, tmp_path / "run",
+                      rdzv_endpoint="127.0.0.1:29400")
+    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    gen = tmp_path / "gen.toml"
+    gen.write_text(f'[run]\nname = "g"\ndir = "{tmp_path / "run"}"\n[servers]\n'
+                   'urls = ["http://127.0.0.1:9"]\n[generate]\nprompts = "p.jsonl"\n')
+    served = serve(tmp_path / "run",
+                   request(1, "launch", spec=str(spec), node_rank=1),
+                   request(2, "launch", spec=str(spec), node_rank=2, nnodes=2),
+                   request(3, "launch", spec=str(spec), node_rank=-1, nnodes=2),
+                   request(4, "launch", spec=str(gen), node_rank=0, nnodes=2))
+    for rid, words in ((1, "node_rank and nnodes go together"), (2, "[train] node_rank"),
+                       (3, "node_rank must be a whole number >= 0"),
+                       (4, "are for training runs")):
+        error = served.by_id(rid).get("error")
+        assert error is not None and words in error["message"], (rid, served.by_id(rid))
+    assert not (tmp_path / "run" / "run.toml").exists()
+    assert not (tmp_path / "run" / "supervisor.pid").exists()
+
+
+def test_node_ranks_must_be_each_nodes_own() -> None:
+    def facts(*ranks: int) -> tuple[NodeFacts, ...]:
+        return tuple(NodeFacts(r, 0, f"host{i}", f"/runs/{i}") for i, r in enumerate(ranks))
+
+    assert lead_of(facts(1, 0), 2) == 1  # c10d's order is its own: node rank 0 leads
+    with pytest.raises(NodesError, match=r"node_rank 1 is claimed by 2 nodes \(host0: /runs/0"):
+        lead_of(facts(1, 1), 2)
+    with pytest.raises(NodesError, match="node_rank 0: no node has it"):
+        lead_of(facts(1, 2, 2)[:2], 3)
