@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from agents.artifacts.union import list_batches, read_batches, read_journals, s3_url
+from agents.artifacts.campaign_prefix import list_batches, read_batches, read_journals, s3_url
 from agents.artifacts.verify import VerifyError, run_facts
 from agents.engine.ownership import to_ranges
 from agents.engine.reassigned import ReassignRecord, read_reassigns, reassign_key

@@ -1,5 +1,5 @@
-"""Verbs that look at a run and change nothing: `status`, `logs`, `samples`, `manifest` and
-`verify`."""
+"""Verbs that look at a run and change nothing: `status`, `logs`, `samples`, `manifest`,
+`verify` and `verify-union` (a campaign's, from S3)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,15 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_verify)
+
+    p = sub.add_parser("verify-union", help="a campaign's union from its S3 prefix: every "
+                       "index owned by one shard, done once or failed (exit 1 when not)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--shards", type=int, default=None, help="N (default: this run's pin)")
+    p.add_argument("--prompts-lines", type=int, default=None,
+                   help="lines of the prompts file (default: this run's pin)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_verify_union)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -182,6 +191,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
         n = len(report.problems)
         print(f"fleetdeck-agent verify: {n} problem{'s' if n != 1 else ''} in {args.run_dir}",
               file=sys.stderr)
+    return EXIT_OK if report.ok else EXIT_CHECK
+
+
+def cmd_verify_union(args: argparse.Namespace) -> int:
+    from agents.artifacts.union import union_report
+    from agents.artifacts.verify import VerifyError
+
+    try:
+        report = union_report(args.run_dir.resolve(), args.shards, args.prompts_lines)
+    except VerifyError as exc:
+        return usage_error("verify-union", exc)
+    if args.json:
+        sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
+    else:
+        for check in report.checks:
+            print(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
+        for s in report.shards:
+            print(f"shard {s.shard}: {s.done} done, {s.failed} failed of {s.owned} owned, "
+                  f"{s.batches} batches" + (f", reassigned to {s.reassigned_to}"
+                                           if s.reassigned_to else ""))
+        print(f"{report.s3_url}: {report.prompts_lines} prompts in {report.n} shards; "
+              f"{report.elapsed_s:.1f} s")
     return EXIT_OK if report.ok else EXIT_CHECK
 
 

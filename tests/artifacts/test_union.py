@@ -7,6 +7,9 @@ dead shard's not-done indices, the record in S3 before anything else, a retry fi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,6 +232,16 @@ def test_reassign_moves_what_s3_says_is_not_done(tmp_path: Path, s3_env: S3Serve
     c.batch(2, 2, [13, 16, 19])
     r = union_report(node)
     assert r.ok, r.problems
+    # The same from the node's shell: `fleetdeck-agent verify-union RUN_DIR`.
+    cli = subprocess.run([sys.executable, "-m", "agents.cli", "verify-union", str(node)],
+                         capture_output=True, text=True, timeout=60, env=os.environ)
+    assert cli.returncode == 0, cli.stdout + cli.stderr
+    assert "shard 1/3: 4 done, 1 failed of 5 owned, 1 batches, reassigned to gen-3" in cli.stdout
+    c.delete(batch_name(2, shard=Shard(2, N)))
+    cli = subprocess.run([sys.executable, "-m", "agents.cli", "verify-union", str(node),
+                          "--json"], capture_output=True, text=True, timeout=60,
+                         env=os.environ)
+    assert cli.returncode == 1 and not json.loads(cli.stdout)["ok"]
 
 
 def test_nothing_to_reassign_and_no_pin_are_refused(tmp_path: Path, s3_env: S3Server) -> None:
