@@ -7,8 +7,8 @@ The engine makes each step durable and idempotent by id. This side keeps the res
 promise: a move's id is made once, here, and names the node the move is for; every round
 first finishes each cede that no node adopted (its ranges asked again of the node that ceded,
 under the same id, which answers the same record; adopted on the node its id names, else on
-the idlest node), and nothing moves while a node of the campaign does not answer (it may hold
-an adopt). A crash or SIGKILL of either node or of this console between the steps thus loses
+the idlest node, and never while a node that may hold its adopt does not answer). A crash or
+SIGKILL of either node or of this console between the steps thus loses
 nothing and sends nothing twice.
 
 FLEETDECK_CONSOLE_CRASH_AT=between_cede_and_adopt (tests): the console SIGKILLs itself after a
@@ -165,7 +165,9 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
     """What one round does: every cede nobody adopted is adopted (on the node its id names,
     else the idlest other node); then each node with nothing left that may take work takes a
     share of the slow nodes' to-do, each idle node helping the slow node that would finish
-    last, its share of that node's remaining in proportion to its rate."""
+    last, its share of that node's remaining in proportion to its rate. A node that does not
+    answer is left out: a move between two others is safe, but a cede it may have adopted is
+    not adopted elsewhere (a cede of a move waits for the node its id names)."""
     out = Plan()
     r = roll_up(fleet, campaign, list(members))
     if r.role != "generate":
@@ -185,26 +187,30 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
         out.notes.append(f"{name} did not answer and its shard was reassigned (adopt "
                          f"{gone[name]}): it is left out")
     silent = [x for x in silent if x not in gone]
+    out.answered = not silent
     if silent:
-        # A node that did not answer may hold the adopt of any cede: adopting one elsewhere
-        # could send it twice, and a move would be planned on half the figures.
-        out.notes.append(f"{', '.join(silent)} did not answer (or has no run): nothing moves "
-                         "until every node of the campaign answers")
-        for c in r.unadopted:
-            out.notes.append(f"cede {c.id} of {c.node} ({c.count:,} indices) waits: no node "
-                             "has adopted it")
-        return out
-    out.answered = True
+        out.notes.append(f"{', '.join(silent)} did not answer (or has no run): left out of "
+                         "this round")
     loads = out.loads
     busy: set[str] = set()  # nodes given work this round
     for c in r.unadopted:
+        waits = f"cede {c.id} of {c.node} ({c.count:,} indices) waits, unsent: "
         to = target_of(campaign, c.id, c.node)
+        if to is not None and to not in loads:
+            # Only the node the move was for may adopt it (it may have, unseen).
+            out.notes.append(waits + f"{to}, the node it was for, did not answer")
+            continue
         if to is None:
+            if silent:
+                # A node that did not answer may hold its adopt: elsewhere it could be sent
+                # twice.
+                out.notes.append(waits + f"{', '.join(silent)} did not answer and may have "
+                                 "adopted it")
+                continue
             takers = [x for x in loads.values() if x.status in TAKES and x.node != c.node] \
                 or [x for x in loads.values() if x.status in TAKES]
             if not takers:
-                out.notes.append(f"cede {c.id} of {c.node} ({c.count:,} indices) waits: no "
-                                 "node is running or done to adopt it")
+                out.notes.append(waits + "no node is running or done to adopt it")
                 continue
             to = min(takers, key=lambda x: (x.left, -(x.rate or 0.0), x.node)).node
         out.readopts.append(Readopt(c.id, c.node, c.count, to))
@@ -463,17 +469,15 @@ async def cmd_rebalance(fleet: Fleet, args: argparse.Namespace) -> int:
             if not args.auto:
                 if not out.ok:
                     return EXIT_UNREACHABLE if out.unknown and not out.refused else EXIT_CHECK
-                if not p.answered:
-                    return EXIT_UNREACHABLE
                 if p.empty:
                     _print(f"campaign {campaign.name}: nothing to move")
-                return EXIT_OK
+                return EXIT_OK if p.answered else EXIT_UNREACHABLE
             if p.empty and all_done(p):
                 _print(f"campaign {campaign.name}: every node is done")
                 return EXIT_OK
-            if p.empty and p.answered and not anything_live(p):
-                _warn(f"campaign {campaign.name}: no node is running and not every node is "
-                      "done: rebalance --auto stops")
+            if p.empty and not anything_live(p):
+                _warn(f"campaign {campaign.name}: no node that answers is running, and not "
+                      "every node is known to be done: rebalance --auto stops")
                 return EXIT_CHECK
             await asyncio.sleep(args.interval if p.empty or not out.ok else 0.5)
     finally:
@@ -485,8 +489,8 @@ async def cmd_rebalance(fleet: Fleet, args: argparse.Namespace) -> int:
 class AutoRebalance:
     """A campaign's `rebalance = "auto"` in the TUI: a round on its refresh from the snapshots
     it holds, when the last round is over; after a round that did anything, only once every
-    node has sent a snapshot since (figures from before a move would plan it again). A node
-    whose link is down counts as silent, however recent its last snapshot: nothing moves."""
+    node that is connected has sent a snapshot since (figures from before a move would plan it
+    again). A node whose link is down is silent, however recent its last snapshot."""
 
     def __init__(self, fleet: Fleet, campaign: Campaign, call: Call, say_done: Say,
                  say_why: Say, clock: Callable[[], float] = time.time,
@@ -509,7 +513,9 @@ class AutoRebalance:
             return False
         for name in self.campaign.nodes:
             ns = state.nodes.get(name)
-            if ns is None or ns.received_at is None or ns.received_at <= self.acted_at:
+            if ns is None or ns.link != "connected":
+                continue  # silent: the plan leaves it out
+            if ns.received_at is None or ns.received_at <= self.acted_at:
                 return False
         return True
 

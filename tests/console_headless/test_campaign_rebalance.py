@@ -119,16 +119,26 @@ def test_a_cede_nobody_adopted_is_finished_first_on_the_node_its_id_names() -> N
     assert target_of(c, "rb-traces-1-0to7", "gen-0") is None  # no such node
 
 
-def test_nothing_moves_while_a_node_is_silent() -> None:
-    fleet, c = fleet_of(3)
-    members = [member("gen-0", "0/3", completed=0, rate=1.0, cedes=(("c1", 10),)),
-               member("gen-1", "1/3", status="done", completed=1000, rate=5.0),
-               Member("gen-2", "unreachable", None, "connection refused")]
+def test_a_silent_node_is_left_out_and_a_cede_it_may_hold_waits() -> None:
+    fleet, c = fleet_of(4)
+    for_gen3 = move_id(c, "gen-0", "gen-3", 5)
+    for_gen1 = move_id(c, "gen-0", "gen-1", 6)
+    members = [member("gen-0", "0/4", completed=0, rate=1.0,
+                      cedes=(("manual-1", 10), (for_gen3, 20), (for_gen1, 30))),
+               member("gen-1", "1/4", status="done", completed=1000, rate=1.0),
+               member("gen-2", "2/4", status="done", completed=1000, rate=1.0),
+               Member("gen-3", "unreachable", None, "connection refused")]
     p = plan(fleet, c, members, 1, 10)
-    # gen-2 may hold the adopt of c1: adopting it elsewhere could send it twice.
-    assert p.empty and not p.answered
-    assert any("gen-2 did not answer" in n for n in p.notes)
-    assert any("cede c1" in n for n in p.notes)
+    assert not p.answered
+    # gen-3 may hold the adopt of manual-1, and the move for_gen3 was for it: both wait. The
+    # move for gen-1 is adopted there; a new move between two nodes that answer is safe.
+    assert [(r.id, r.to) for r in p.readopts] == [(for_gen1, "gen-1")]
+    assert [(m.slow, m.idle) for m in p.moves] == [("gen-0", "gen-2")]
+    assert any("gen-3 did not answer" in n and "left out" in n for n in p.notes)
+    assert any(n.startswith("cede manual-1 of gen-0 (10 indices) waits") and
+               "may have adopted it" in n for n in p.notes)
+    assert any(n.startswith(f"cede {for_gen3} of gen-0 (20 indices) waits") and
+               "gen-3, the node it was for, did not answer" in n for n in p.notes)
 
 
 def test_a_silent_node_whose_shard_was_reassigned_holds_nothing_back() -> None:
@@ -140,10 +150,10 @@ def test_a_silent_node_whose_shard_was_reassigned_holds_nothing_back() -> None:
     p = plan(fleet, c, members, 1, 10)
     assert p.answered and [(m.slow, m.idle) for m in p.moves] == [("gen-0", "gen-1")]
     assert any("gen-2 did not answer and its shard was reassigned" in n for n in p.notes)
-    # A rebalance adopt from a silent node is no reassign: it still holds everything back.
+    # A rebalance adopt from a silent node is no reassign: it is still missing.
     members[1] = member("gen-1", "1/3", status="done", completed=1000, rate=5.0,
                         adopts=(move_id(c, "gen-2", "gen-1", 1),), came_from="gen-2")
-    assert plan(fleet, c, members, 1, 10).empty
+    assert not plan(fleet, c, members, 1, 10).answered
 
 
 def test_a_stopped_node_with_work_is_named_not_fed() -> None:
