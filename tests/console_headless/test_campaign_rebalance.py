@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from botocore.exceptions import ClientError
 
 from agents.engine.ownership import expand
 from agents.rundir.schema import Snapshot
@@ -34,6 +35,7 @@ from tests.console.screen import Recorder
 from tests.console_headless.test_headless_ssh import AGENT, fleetdeck, node_toml
 from tests.engine.runs import write_prompts, write_spec
 from tests.plugins.supervised import agent, kill_run, rpc_status, wait_status
+from tests.servers.ports import wait_until
 from tests.servers.s3 import S3Server
 from tests.servers.sshd import SshServer
 
@@ -327,6 +329,14 @@ def unadopted(nodes: Nodes) -> list[dict[str, Any]]:
     return out
 
 
+def s3_text(s3: S3Server, key: str) -> str:
+    try:
+        body: bytes = s3.client().get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    except ClientError:  # not there yet
+        return ""
+    return body.decode()
+
+
 async def tui_until_adopted(nodes: Nodes, cede_id: str) -> list[str]:
     """The TUI on the fleet file until gen-1 has journaled the adopt of `cede_id`; the
     notifications it showed."""
@@ -386,6 +396,12 @@ def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
         r = nodes.deck("status", "traces")
         assert f"gen-2 ceded 30 indices (cede {cede['id']}) that no node has adopted" \
             in r.stdout
+        # verify judges the union from S3: once gen-2's journal is there, it names the cede.
+        key = "runs/test/journals/s01of02/ownership.jsonl"
+        wait_until(lambda: cede["id"] in s3_text(s3, key), 30, f"cede {cede['id']} in {key}")
+        r = nodes.deck("verify", "traces")
+        assert r.returncode != 0 and f"UNADOPTED {cede['id']} from shard 1/2 (gen-2): 30 " \
+            "indices" in r.stdout, r.stdout + r.stderr
         # The TUI of a campaign with rebalance = "auto" finishes it on its refresh.
         nodes.write_fleet(rebalance="auto")
         notes = asyncio.run(tui_until_adopted(nodes, cede["id"]))
