@@ -74,6 +74,7 @@ class Supervisor:
         self.engine: Engine | None = None
         self.engine_task: asyncio.Task[int] | None = None
         self._rerun_job = False  # an adopt reached an ending engine: start the next one
+        self.job_refused = False  # the last start_job was refused (status says failed)
         self.train_proc: subprocess.Popen[bytes] | None = None
         self.alerts = AlertBook(self.spec.alerts)
         self.disk = DiskWatch(self.run_dir)
@@ -184,8 +185,10 @@ class Supervisor:
         except (EngineError, S3Unavailable, StoreError, ValueError, OSError) as exc:
             self.status = "failed"
             self.message = f"the engine refused to start: {exc}"
+            self.job_refused = True
             log.error(self.message)
             return
+        self.job_refused = False
         self.engine = engine
         if self.servers is not None:
             for s in self.servers.servers:
@@ -292,6 +295,8 @@ class Supervisor:
             status = "failed"
             self.message = (f"the training job exited with {self.train_proc.returncode} "
                             "before training (the quality gate?): see logs/train.log")
+        elif self.job_refused:
+            status = "failed"  # not the last engine's word in progress.json: this one refused
         elif progress is not None:
             status = progress.status
         elif train is not None:

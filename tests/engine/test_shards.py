@@ -120,3 +120,33 @@ def test_two_shards_cover_the_prompt_set_once(tmp_path: Path, sims, s3: S3Server
     again = start_engine(spec, env=s3.env(), tag="again")
     assert again.wait(60) != 0
     assert "[generate] shard is '1/2' but the run was pinned with '0/2'" in again.stderr()
+
+
+def test_a_refused_resume_says_failed_not_the_last_engines_status(tmp_path: Path, sims,
+                                                                   s3: S3Server) -> None:
+    """When the supervisor's next engine refuses to start (here: the prompts file changed
+    under a pinned shard), status is failed with the reason, not the last engine's `done`."""
+    import os
+
+    from tests.plugins.supervised import agent, kill_run, wait_status
+
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 40)
+    sim = sims("--seed", 5)
+    spec = _shard_spec(tmp_path, prompts, sim.url, s3, "1/2")
+    run_dir = spec.parent / "run"
+    env = {**os.environ, **s3.env()}
+    up = subprocess.run([sys.executable, "-m", "agents.cli", "up", str(spec)],
+                        capture_output=True, text=True, env=env, timeout=120)
+    assert up.returncode == 0, up.stderr
+    try:
+        wait_status(run_dir, lambda s: s["status"] == "done", 60, "shard 1/2 done")
+        with open(prompts, "a") as f:
+            f.write('{"messages": [{"role": "user", "content": "one more"}]}\n')
+        agent("resume", str(run_dir))
+        snap = wait_status(run_dir, lambda s: s["status"] != "done", 30, "the refusal")
+        assert snap["status"] == "failed", snap
+        assert "the prompts file changed" in (snap["message"] or "")
+    finally:
+        agent("down", str(run_dir), "--yes")
+        kill_run(run_dir)
