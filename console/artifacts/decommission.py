@@ -96,6 +96,15 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
     return report
 
 
+def generation_campaign(fleet: Fleet, node: str) -> Campaign | None:
+    """The generation campaign `node` is a shard of, whose items the checklist adds (its
+    journals in S3, no cede waiting for an adopter); None for any other node."""
+    campaign = fleet.campaign_of(node)
+    if campaign is None or fleet.campaign_role(campaign) != "generate":
+        return None
+    return campaign
+
+
 async def checklist(link: AgentLink, node: Node, pull_dir: Path,
                     campaign: Campaign | None = None) -> Checklist:
     snap, entries, chosen = await _context(link, node, False)
@@ -243,10 +252,7 @@ async def cmd_decommission_check(fleet: Fleet, args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     try:
         pull_dir = Path(args.to) if args.to else fleet.pull_dir
-        campaign = fleet.campaign_of(node.name)
-        if campaign is not None and fleet.campaign_role(campaign) != "generate":
-            campaign = None
-        result = await checklist(link, node, pull_dir, campaign)
+        result = await checklist(link, node, pull_dir, generation_campaign(fleet, node.name))
     except (RpcError, ConnectionError, TimeoutError) as exc:
         say(f"{node.name}: decommission-check: {shown(exc)}")
         return EXIT_UNREACHABLE

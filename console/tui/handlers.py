@@ -12,6 +12,7 @@ from typing import Any
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
+from console.artifacts.decommission import generation_campaign
 from console.sanitize import shown_markup
 from console.tui.fetched import log_names
 from console.tui.messages import LogFetched, SamplesFetched
@@ -289,4 +290,4 @@ class Controls:
         fleet = self.port.fleet
         await self.port.open_screen(DecommissionScreen(
             fleet.node(node), fleet.pull_dir, partial(self.port.connected_link, node),
-            pull_first=pull_first))
+            pull_first=pull_first, campaign=generation_campaign(fleet, node)))

@@ -46,3 +46,29 @@ async def test_red_items_then_pull_then_all_green(finished_run: Path, tmp_path: 
         assert "✗" not in str(items.render()) and "verdict-ok" in verdict.classes
         assert (pulls / "gen-1" / "test-run" / "logs" / "big.log").stat().st_size == \
             (finished_run / "logs" / "big.log").stat().st_size
+
+
+async def test_a_campaign_node_gets_the_campaign_items_in_the_tui(tmp_path: Path) -> None:
+    """The TUI's checklist of a generation campaign's node has the headless one's campaign
+    items (its journals in S3, no cede waiting): a shard cannot look safe on one and not on
+    the other. Here the run is no shard at all, so the journals item says so."""
+    from console.fleet import Campaign
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.toml").write_text('[run]\nname = "r"\n')
+    node = Node(name="gen-1", run_dir=str(run_dir), local=True,
+                agent=f"{sys.executable} -m agents.cli")
+    fleet = Fleet(nodes=[node], campaigns=[Campaign(name="c", nodes=["gen-1"])],
+                  console=ConsoleSettings(pull_dir=str(tmp_path / "pulls")), source="(test)")
+    app = FleetdeckApp(fleet)
+    async with app.run_test(size=(150, 45)) as pilot:
+        await until(pilot, lambda: app.state.nodes["gen-1"].link == "connected", 60, "connected")
+        await pilot.press("down", "k")  # the campaign's row first, then its node's
+        screen = await until(pilot, lambda: app.screen if isinstance(app.screen,
+                             DecommissionScreen) else None, 30, "the decommission screen")
+        assert isinstance(screen, DecommissionScreen)
+        verdict = screen.query_one("#verdict", Label)
+        await until(pilot, lambda: "NOT safe" in str(verdict.render()), 60, "the check")
+        text = str(screen.query_one("#items", Static).render())
+        assert "✗ journals in S3" in text and "not a shard" in text

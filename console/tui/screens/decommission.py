@@ -20,7 +20,7 @@ from agents.rpc.protocol import RpcError
 from console.artifacts.decommission import Checklist, checklist, pull_node
 from console.artifacts.pull import PullProgress
 from console.artifacts.sources import PullError
-from console.fleet import Node
+from console.fleet import Campaign, Node
 from console.sanitize import shown_markup
 from console.transport import AgentLink
 from console.tui.widgets import figures as f
@@ -39,7 +39,7 @@ class DecommissionScreen(ModalScreen[None]):
     ]
 
     def __init__(self, node: Node, pull_dir: Path, link: Callable[[], AgentLink | None],
-                 pull_first: bool = False) -> None:
+                 pull_first: bool = False, campaign: Campaign | None = None) -> None:
         """`link` lends the node's link while it is connected (None otherwise)."""
         super().__init__()
         self.node = node.name
@@ -47,6 +47,7 @@ class DecommissionScreen(ModalScreen[None]):
         self.pull_dir = pull_dir
         self._lend_link = link
         self.pull_first = pull_first
+        self.campaign = campaign  # a generation campaign's shard: its items are checked too
         self.result: Checklist | None = None
 
     def compose(self) -> ComposeResult:
@@ -108,7 +109,7 @@ class DecommissionScreen(ModalScreen[None]):
             return
         self.query_one("#items", Static).update("checking...")
         try:
-            result = await checklist(link, self.node_spec, self.pull_dir)
+            result = await checklist(link, self.node_spec, self.pull_dir, self.campaign)
         except RpcError as exc:
             self._error(f"the check was refused: {exc.message}")
             return
