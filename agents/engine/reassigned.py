@@ -58,7 +58,9 @@ def read_reassigns(client: Any, s3: S3Section) -> list[ReassignRecord]:
         token = {"ContinuationToken": page["NextContinuationToken"]}
 
 
-def refuse_if_reassigned(s3: S3Section, shard: Shard, run_dir: Path) -> None:
+def reassigned_why(s3: S3Section, shard: Shard, run_dir: Path) -> str | None:
+    """Why this shard is no longer this node's (a reassign record names it), or None;
+    EngineError when the records cannot be read."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -68,11 +70,17 @@ def refuse_if_reassigned(s3: S3Section, shard: Shard, run_dir: Path) -> None:
                           f"records: {exc}") from None
     for rec in records:
         if rec.shard == shard.text:
-            raise EngineError(
-                f"{run_dir}: shard {shard.text} was reassigned from {rec.node} to {rec.to} "
-                f"(s3://{s3.bucket}/{reassign_key(s3, rec.id)}, {rec.count} indices): this "
-                "node must not resume it; its finished batches in S3 still count")
+            return (f"{run_dir}: shard {shard.text} was reassigned from {rec.node} to {rec.to} "
+                    f"(s3://{s3.bucket}/{reassign_key(s3, rec.id)}, {rec.count} indices): "
+                    "this node must not run it; its finished batches in S3 still count")
+    return None
 
 
-__all__ = ["FOLDER", "ReassignRecord", "read_reassigns", "reassign_key",
+def refuse_if_reassigned(s3: S3Section, shard: Shard, run_dir: Path) -> None:
+    why = reassigned_why(s3, shard, run_dir)
+    if why is not None:
+        raise EngineError(why)
+
+
+__all__ = ["FOLDER", "ReassignRecord", "read_reassigns", "reassign_key", "reassigned_why",
            "refuse_if_reassigned"]

@@ -34,7 +34,7 @@ from agents.engine.ownership import (
     pick_for_cede,
 )
 from agents.engine.pin import check_pin
-from agents.engine.reassigned import refuse_if_reassigned
+from agents.engine.reassigned import reassigned_why, refuse_if_reassigned
 from agents.engine.retries import find_truncated
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
@@ -56,6 +56,7 @@ log = logging.getLogger("fleetdeck.engine")
 PROGRESS_INTERVAL_S = float(os.environ.get("FLEETDECK_PROGRESS_INTERVAL_S", "1.0"))
 HISTORY_INTERVAL_S = 10.0
 CONTROL_POLL_S = 0.25
+REASSIGN_CHECK_S = float(os.environ.get("FLEETDECK_REASSIGN_CHECK_S", "60"))
 
 
 class _LineFields(msgspec.Struct):
@@ -82,6 +83,8 @@ class Engine:
         self._retry_tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[int] = set()
         self._ceding: set[int] = set()  # being ceded: not sent, whatever the journal says
+        self.reassigned = False  # a reassign record names this shard: stop, upload nothing
+        self._move_lock = asyncio.Lock()  # one cede or adopt at a time
         self._feed_over = False
         self._write_q: asyncio.Queue[tuple[int, int, bytes, BatchLine, str | None]] = (
             asyncio.Queue()
@@ -247,6 +250,9 @@ class Engine:
             background.append(asyncio.create_task(self.uploader.run(), name="uploader"))
             background.append(asyncio.create_task(self.uploader.journals_loop(),
                                                   name="journals"))
+            if self.shard is not None:
+                background.append(asyncio.create_task(self._reassign_watch(),
+                                                      name="reassign-watch"))
         self.status = "paused" if self.dispatcher.paused else "running"
         try:
             await self._feed()
@@ -580,14 +586,17 @@ class Engine:
         except OSError as exc:
             self.writer_error = self.writer_error or f"cannot close the open batch: {exc}"
             log.error("the open batch stays open: %s", exc)
-        if self.uploader is not None and self.uploader.pending:
+        if self.reassigned:
+            pass  # another node owns this shard now: nothing more of it goes to S3
+        elif self.uploader is not None and self.uploader.pending:
             self.status = "draining"
             self._write_progress()
             if not await self.uploader.drain(3600.0, stop=lambda: self.stopping):
                 self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
                                 f"({self.uploader.last_error}); a resume uploads them")
                 log.warning(self.message)
-        if self.uploader is not None and not await self.uploader.drain_journals(60.0):
+        if self.uploader is not None and not self.reassigned and \
+                not await self.uploader.drain_journals(60.0):
             self.message = self.message or (
                 f"the journals are not yet in S3 ({self.uploader.last_error}); a resume "
                 "uploads them")
@@ -702,6 +711,29 @@ class Engine:
 
     # -- a campaign: cede and adopt ----------------------------------------------------------
 
+    async def _reassign_watch(self) -> None:
+        """A node cut off from the console (a network split) may be reassigned while it
+        runs: once a reassign record names this shard, stop sending and uploading at once,
+        and say why. Checked every REASSIGN_CHECK_S."""
+        assert self.spec.s3 is not None and self.shard is not None
+        while True:
+            await asyncio.sleep(REASSIGN_CHECK_S)
+            try:
+                why = await asyncio.to_thread(reassigned_why, self.spec.s3, self.shard,
+                                              self.run_dir)
+            except EngineError as exc:
+                log.warning("reassign check: %s", exc)
+                continue
+            if why is not None:
+                self.reassigned = True
+                self.writer_error = "reassigned"  # nothing more is written
+                self.message = why
+                log.error(why)
+                if self.uploader is not None:
+                    self.uploader.stop()
+                self.request_stop()
+                return
+
     @property
     def feed_over(self) -> bool:
         """The feeder has ended: an adopt now is sent by the next engine (a resume)."""
@@ -711,6 +743,10 @@ class Engine:
         """Give away up to `count` to-do indices from the end of this run's list, durably,
         before answering; none of them is sent from here on. The same id again answers the
         same record."""
+        async with self._move_lock:  # the same id twice at once: one record, answered twice
+            return await self._cede(id_, count)
+
+    async def _cede(self, id_: str, count: int) -> OwnershipEvent:
         have = self.owner.cedes.get(id_)
         if have is not None:
             return have
@@ -740,6 +776,11 @@ class Engine:
                     shard: str | None) -> OwnershipEvent:
         """Take on indices another node ceded (or a reassign moved), durably, before the first
         is sent. The same id again answers the same record."""
+        async with self._move_lock:
+            return await self._adopt(id_, ranges, node, shard)
+
+    async def _adopt(self, id_: str, ranges: list[tuple[int, int, int]], node: str | None,
+                     shard: str | None) -> OwnershipEvent:
         have = self.owner.adopts.get(id_)
         if have is not None:
             return have

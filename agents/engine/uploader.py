@@ -107,6 +107,7 @@ class Uploader:
         self._file: DurableAppend | None = None
         self._journal_folder = ""
         self._journal_paths: list[Path] = []
+        self._stopped = False  # stop(): nothing more goes to S3
         self._journal_changes = 0
         self._journal_sent = 0
         self._journals_wake = asyncio.Event()
@@ -176,6 +177,8 @@ class Uploader:
         delay = 1.0
         while True:
             item = await self._queue.get()
+            if self._stopped:
+                return
             try:
                 rec = await asyncio.to_thread(self._upload, item)
             except Exception as exc:
@@ -240,15 +243,24 @@ class Uploader:
             self._client = make_s3_client(self.spec)
         put_journals(self._client, self.spec, self._journal_folder, self._journal_paths)
 
+    def stop(self) -> None:
+        """Upload nothing more (a shard reassigned to another node): what waits stays on
+        disk, and what is being put ends."""
+        self._stopped = True
+        self._journals_wake.set()
+        self._queue.put_nowait(Pending(Path()))  # wakes run(), which returns
+
     async def journals_loop(self) -> None:
         """Upload the journals whenever they changed, retrying with backoff."""
         if not self._journal_paths:
             return
         delay = 1.0
         while True:
-            while not self.journals_behind:
+            while not self.journals_behind and not self._stopped:
                 self._journals_wake.clear()
                 await self._journals_wake.wait()
+            if self._stopped:
+                return
             change = self._journal_changes
             try:
                 await asyncio.to_thread(self._upload_journals)

@@ -150,3 +150,37 @@ def test_a_refused_resume_says_failed_not_the_last_engines_status(tmp_path: Path
     finally:
         agent("down", str(run_dir), "--yes")
         kill_run(run_dir)
+
+
+def test_a_running_shard_stops_when_it_is_reassigned(tmp_path: Path, sims, s3: S3Server) -> None:
+    """A node cut off from the console (a network split) and reassigned while it runs stops
+    at its next check: it sends and uploads nothing more, and says why."""
+    import time
+
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 400)
+    sim = sims("--seed", 6, "--time-scale", "1")  # answers take seconds: the run is live
+    spec = _shard_spec(tmp_path, prompts, sim.url, s3, "0/2")
+    engine = start_engine(spec, env={**s3.env(), "FLEETDECK_REASSIGN_CHECK_S": "0.3"})
+    try:
+        from tests.engine.runs import wait_progress
+
+        wait_progress(engine, lambda p: p["status"] == "running" and p["in_flight"] > 0, 60,
+                      "requests in flight")
+        record = {"id": "reassign-s00of02", "shard": "0/2", "node": "gen-1", "to": "gen-2",
+                  "time": time.time(), "count": 1, "ranges": [[0, 1, 1]]}
+        s3.client().put_object(Bucket=s3.bucket, Key="runs/test/journals/reassign/"
+                               "reassign-s00of02.json", Body=json.dumps(record).encode())
+        said = time.monotonic()
+        assert engine.wait(60) != 0
+        took = time.monotonic() - said
+    finally:
+        engine.kill()
+    progress = json.loads((engine.run_dir / "progress.json").read_text())
+    assert progress["status"] == "failed"
+    assert "shard 0/2 was reassigned from gen-1 to gen-2" in progress["message"]
+    assert progress["completed"] < 200
+    assert took < 40, f"took {took:.1f} s to stop"
+    uploaded = [k["Key"] for k in s3.client().list_objects_v2(
+        Bucket=s3.bucket, Prefix="runs/test/completions_").get("Contents", [])]
+    assert len(uploaded) <= progress["s3_uploaded"], "a batch went up after the stop"
