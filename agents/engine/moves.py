@@ -62,54 +62,56 @@ def _upload(spec: RunSpec, run_dir: Path) -> str | None:
     return None
 
 
-def cede_offline(run_dir: Path, id_: str, count: int) -> tuple[OwnershipEvent, str | None]:
+@contextmanager
+def _owned(run_dir: Path) -> Iterator[tuple[RunSpec, Ownership]]:
+    """The run's spec and its ownership journal, open for writing, under run.lock."""
     spec = load_run_spec(run_dir)
     with _run_locked(run_dir):
         owner = Ownership.load(run_dir, spec.shard, write=True)
         try:
-            have = owner.cedes.get(id_)
-            if have is not None:
-                return have, None
-            total = _total(run_dir)
-            store = BatchStore(run_dir, 1 << 30, total, spec.shard)
-            store.recover()
-            store.close()
-            journal = Journal(run_dir / "failures.jsonl")
-            journal.recover()
-            journal.close()
-            failed = {i for i, (ev, _, _) in journal.state.last.items() if ev == "failed"}
-            picked = pick_for_cede(owner, total, count, store.done, (), failed)
-            if not picked:
-                raise EngineError(f"{run_dir}: nothing to cede: every index this run owns "
-                                  "is done or failed")
-            ev = cede_event(id_, picked)
-            owner.record(ev)
-            crash_point("ceded")  # tests: killed with the cede journaled, not yet answered
+            yield spec, owner
         finally:
             owner.close()
+
+
+def cede_offline(run_dir: Path, id_: str, count: int) -> tuple[OwnershipEvent, str | None]:
+    with _owned(run_dir) as (spec, owner):
+        have = owner.cedes.get(id_)
+        if have is not None:
+            return have, None
+        total = _total(run_dir)
+        store = BatchStore(run_dir, 1 << 30, total, spec.shard)
+        store.recover()
+        store.close()
+        journal = Journal(run_dir / "failures.jsonl")
+        journal.recover()
+        journal.close()
+        failed = {i for i, (ev, _, _) in journal.state.last.items() if ev == "failed"}
+        picked = pick_for_cede(owner, total, count, store.done, (), failed)
+        if not picked:
+            raise EngineError(f"{run_dir}: nothing to cede: every index this run owns "
+                              "is done or failed")
+        ev = cede_event(id_, picked)
+        owner.record(ev)
+        crash_point("ceded")  # tests: killed with the cede journaled, not yet answered
     return ev, _upload(spec, run_dir)
 
 
 def adopt_offline(run_dir: Path, id_: str, ranges: list[tuple[int, int, int]],
                   node: str | None, shard: str | None) -> tuple[OwnershipEvent, str | None]:
-    spec = load_run_spec(run_dir)
-    with _run_locked(run_dir):
-        owner = Ownership.load(run_dir, spec.shard, write=True)
-        try:
-            have = owner.adopts.get(id_)
-            if have is not None:
-                return have, None
-            total = _total(run_dir)
-            indices = list(expand(ranges))
-            beyond = next((i for i in indices if i >= total), None)
-            if beyond is not None:
-                raise EngineError(f"adopt {id_}: index {beyond} is past the prompts file's "
-                                  f"{total} lines: not a range of this campaign")
-            ev = adopt_event(id_, [i for i in indices if not owner.owns(i)], node, shard)
-            owner.record(ev)
-            crash_point("adopted")  # tests: killed with the adopt journaled, nothing sent yet
-        finally:
-            owner.close()
+    with _owned(run_dir) as (spec, owner):
+        have = owner.adopts.get(id_)
+        if have is not None:
+            return have, None
+        total = _total(run_dir)
+        indices = list(expand(ranges))
+        beyond = next((i for i in indices if i >= total), None)
+        if beyond is not None:
+            raise EngineError(f"adopt {id_}: index {beyond} is past the prompts file's "
+                              f"{total} lines: not a range of this campaign")
+        ev = adopt_event(id_, [i for i in indices if not owner.owns(i)], node, shard)
+        owner.record(ev)
+        crash_point("adopted")  # tests: killed with the adopt journaled, nothing sent yet
     return ev, _upload(spec, run_dir)
 
 
