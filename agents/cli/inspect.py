@@ -58,16 +58,15 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(handler=cmd_verify_union)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    """The snapshot from the live supervisor, or from the run directory when none runs."""
-    from agents.rundir.schema import encoder, snapshot_decoder
+def status_bytes(run_dir: Path) -> bytes | None:
+    """The snapshot as JSON: the live supervisor's, or read from the run directory when none
+    runs; None when `run_dir` is not a run directory."""
+    from agents.rundir.schema import encoder
     from agents.rundir.spec import SpecError, load_run_spec
     from agents.supervise.snapshot import from_disk
 
-    run_dir = args.run_dir.resolve()
     if not (run_dir / "run.toml").exists() and not (run_dir / "progress.json").exists():
-        print(f"fleetdeck-agent status: {run_dir}: not a run directory", file=sys.stderr)
-        return EXIT_USAGE
+        return None
     raw = supervised_status(run_dir)
     if raw is None:
         try:
@@ -76,6 +75,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         except SpecError:
             kind, name = "generate", ""
         raw = encoder.encode(from_disk(run_dir, kind, name))
+    return raw
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The snapshot from the live supervisor, or from the run directory when none runs."""
+    from agents.rundir.schema import snapshot_decoder
+
+    run_dir = args.run_dir.resolve()
+    raw = status_bytes(run_dir)
+    if raw is None:
+        print(f"fleetdeck-agent status: {run_dir}: not a run directory", file=sys.stderr)
+        return EXIT_USAGE
     if args.json:
         sys.stdout.write(raw.decode() + "\n")
         return EXIT_OK
