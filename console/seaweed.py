@@ -114,15 +114,17 @@ class S3Server:
             raise
 
     def _bucket_ready(self) -> bool:
-        """Ready means a real write works, not just an open port."""
+        """Ready means a real write works, not just an open port. The write goes to a bucket
+        of its own: a probe object left in the run's bucket (a delete lost as the server came
+        back) would read as an object nobody uploaded."""
         s3 = self.client()
         try:
-            try:
-                s3.head_bucket(Bucket=self.bucket)
-            except ClientError:
-                s3.create_bucket(Bucket=self.bucket)
-            s3.put_object(Bucket=self.bucket, Key=".ready", Body=b"ok")
-            s3.delete_object(Bucket=self.bucket, Key=".ready")
+            for bucket in (self.bucket, PROBE_BUCKET):
+                try:
+                    s3.head_bucket(Bucket=bucket)
+                except ClientError:
+                    s3.create_bucket(Bucket=bucket)
+            s3.put_object(Bucket=PROBE_BUCKET, Key="ready", Body=b"ok")
             return True
         except (ClientError, BotoCoreError):
             return False
@@ -134,6 +136,9 @@ class S3Server:
     def restart(self) -> None:
         self.kill()
         self.start()
+
+
+PROBE_BUCKET = "fleetdeck-ready-probe"
 
 
 def start_s3(folder: Path, bucket: str | None = None) -> S3Server:
