@@ -9,14 +9,10 @@ import shlex
 import sys
 from typing import Any
 
-import uvicorn
-
 from agents.sim import logs
 from agents.sim.config import SimConfig
 from agents.sim.faults import Faults
 from agents.sim.logs import log
-from agents.sim.model import SimModel
-from agents.sim.server import SimServer, create_app
 from agents.sim.settings import SimSettings
 from agents.sim.versions import DEFAULT_VERSION, release
 
@@ -221,6 +217,13 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    # Here, not at the top: every `fleetdeck-agent` verb builds this parser, and FastAPI
+    # and uvicorn cost 0.4 s to import.
+    import uvicorn
+
+    from agents.sim.model import SimModel
+    from agents.sim.server import SimServer, create_app
+
     cfg, settings = build(args)
     model = SimModel(cfg)
     tags = settings.scheduler_tags

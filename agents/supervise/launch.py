@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from agents import PROTOCOL_VERSION
-from agents.engine.router import RouterError, check_router
 from agents.rpc.protocol import STREAM_LIMIT, RpcClient, RpcError
 from agents.rpc.sockpath import SocketDirError, checked_folder, recorded_socket
 from agents.rundir.control import audit
@@ -116,6 +115,8 @@ async def resume(run_dir: Path, who: str | None = None) -> dict[str, Any]:
 async def _check_router(spec: RunSpec) -> None:
     """`router = true`: the URL must be SGLang's router, checked before anything starts."""
     if spec.servers.router and spec.servers.urls:
+        from agents.engine.router import RouterError, check_router  # httpx: only when needed
+
         try:
             await asyncio.to_thread(check_router, spec.servers.urls[0], spec.servers.api_key,
                                     where=f"{spec.source}: [servers] urls[0]")
