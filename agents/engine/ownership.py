@@ -107,6 +107,7 @@ class Ownership:
         self.cedes: dict[str, OwnershipEvent] = {}
         self.adopts: dict[str, OwnershipEvent] = {}
         self._file: DurableAppend | None = None
+        self._writable = False  # load(write=True) until close(); the file opens at a first write
 
     @classmethod
     def load(cls, run_dir: Path, shard: Shard | None, write: bool = False) -> Ownership:
@@ -118,7 +119,9 @@ class Ownership:
             cut_torn_tail(path)
         own.read_records(path)
         if write:
-            own._file = DurableAppend(path, "ownership")
+            # Opened at the first cede or adopt: a run that never moves an index (every run
+            # outside a campaign) gets no ownership.jsonl.
+            own._writable = True
         return own
 
     def read_records(self, path: Path) -> None:
@@ -189,12 +192,14 @@ class Ownership:
 
     @property
     def writable(self) -> bool:
-        return self._file is not None
+        return self._writable
 
     def write(self, ev: OwnershipEvent) -> None:
         """Journal `ev`, fsynced (blocking: a worker thread may call it); the file is as it
         was when the write fails. `apply` it after, on the thread that reads the sets."""
-        assert self._file is not None, "load(write=True) first"
+        assert self._writable and self.path is not None, "load(write=True) first"
+        if self._file is None:
+            self._file = DurableAppend(self.path, "ownership")
         self._file.append(_encoder.encode(ev) + b"\n")
 
     def apply(self, ev: OwnershipEvent) -> None:
@@ -205,6 +210,7 @@ class Ownership:
         self._apply(ev)
 
     def close(self) -> None:
+        self._writable = False
         if self._file is not None:
             self._file.close()
             self._file = None

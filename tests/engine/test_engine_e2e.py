@@ -67,6 +67,9 @@ def test_three_servers_one_flaky_one_crashing(tmp_path: Path, sims, s3: S3Server
     n = _check_s3_matches(engine.run_dir, s3)
     assert n == progress["s3_uploaded"] == progress["batches_closed"]
     assert progress["s3_pending"] == 0
+    # A run outside a campaign moves no index: no ownership journal, nothing in S3 for one.
+    assert not (engine.run_dir / "ownership.jsonl").exists()
+    assert progress["shard"] is None and progress["ownership"] is None
     sizes = [len(p.read_text().splitlines())
              for p in sorted((engine.run_dir / "completions").glob("*.jsonl"))]
     assert all(s == 100 for s in sizes[:-1]) and 0 < sizes[-1] <= 100
