@@ -27,7 +27,7 @@ from agents.artifacts.campaign_prefix import (
     s3_url,
 )
 from agents.artifacts.verify import Check, VerifyError, run_facts
-from agents.engine.ownership import OwnershipEvent, expand
+from agents.engine.ownership import OwnershipEvent, StrideRuns, expand
 from agents.engine.reassigned import ReassignRecord, read_reassigns
 from agents.engine.uploader import make_s3_client
 from agents.rundir.schema import VerifyCheck, pin_decoder
@@ -84,34 +84,23 @@ class UnionReport(msgspec.Struct, omit_defaults=False):
 # -- index sets as text -------------------------------------------------------------------------
 
 class Runs:
-    """Indices added in increasing order, kept as text-ready runs `[start, last, step]` (the
-    first SHOWN of them; the rest counted): `0-38 step 2, 41, 50-59`."""
+    """Indices added in increasing order, kept as text-ready runs (the first SHOWN of them;
+    the rest counted): `0-38 step 2, 41, 50-59`."""
 
     def __init__(self, limit: int = SHOWN) -> None:
         self.limit = limit
         self.count = 0
         self.shown: list[str] = []
         self.more = 0
-        self._cur: list[int] | None = None
+        self._runs = StrideRuns(self._shown_run)
 
     def add(self, i: int) -> None:
         self.count += 1
-        c = self._cur
-        if c is None:
-            self._cur = [i, i, 0]
-        elif c[2] == 0 and i > c[1]:
-            c[1], c[2] = i, i - c[0]
-        elif i - c[1] == c[2]:
-            c[1] = i
-        else:
-            self._close()
-            self._cur = [i, i, 0]
+        self._runs.add(i)
 
-    def _close(self) -> None:
-        if self._cur is None:
-            return
-        start, last, step = self._cur
-        self._cur = None
+    def _shown_run(self, run: tuple[int, int, int]) -> None:
+        start, stop, step = run
+        last = stop - 1
         if len(self.shown) >= self.limit:
             self.more += 1
         elif start == last:
@@ -124,7 +113,7 @@ class Runs:
             self.shown.append(f"{start}-{last} step {step}")
 
     def text(self) -> str:
-        self._close()
+        self._runs.close()
         parts = list(self.shown)
         if self.more:
             parts.append(f"... ({self.more} more ranges)")

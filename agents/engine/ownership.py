@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -49,22 +49,41 @@ _decoder = msgspec.json.Decoder(OwnershipEvent)
 _encoder = msgspec.json.Encoder()
 
 
+class StrideRuns:
+    """Increasing indices grouped, as they come, into `(start, stop, step)` runs of one step
+    each (Python's range; a lone index has step 1); each closed run goes to `on_run`. The
+    one grouping for a move's ranges and for the union's messages."""
+
+    def __init__(self, on_run: Callable[[Range], None]) -> None:
+        self.on_run = on_run
+        self._cur: list[int] | None = None  # start, last, step (0: one index so far)
+
+    def add(self, i: int) -> None:
+        c = self._cur
+        if c is None:
+            self._cur = [i, i, 0]
+        elif c[2] == 0:
+            c[1], c[2] = i, i - c[0]
+        elif i - c[1] == c[2]:
+            c[1] = i
+        else:
+            self.close()
+            self._cur = [i, i, 0]
+
+    def close(self) -> None:
+        if self._cur is not None:
+            start, last, step = self._cur
+            self._cur = None
+            self.on_run((start, last + 1, step or 1))
+
+
 def to_ranges(indices: Iterable[int]) -> list[Range]:
     """Sorted, distinct indices as `[start, stop, step]` runs of one step each."""
     out: list[Range] = []
-    run: list[int] = []  # start, last, step
+    runs = StrideRuns(out.append)
     for i in sorted(set(indices)):
-        if not run:
-            run = [i, i, 0]
-        elif run[2] == 0:
-            run[1], run[2] = i, i - run[0]
-        elif i - run[1] == run[2]:
-            run[1] = i
-        else:
-            out.append((run[0], run[1] + 1, run[2] or 1))
-            run = [i, i, 0]
-    if run:
-        out.append((run[0], run[1] + 1, run[2] or 1))
+        runs.add(i)
+    runs.close()
     return out
 
 
@@ -256,5 +275,5 @@ def encode(ev: OwnershipEvent) -> bytes:
     return _encoder.encode(ev)
 
 
-__all__ = ["FILE", "Ownership", "OwnershipError", "OwnershipEvent", "adopt_event",
+__all__ = ["FILE", "Ownership", "OwnershipError", "OwnershipEvent", "StrideRuns", "adopt_event",
            "cede_event", "check_ranges", "encode", "expand", "pick_for_cede", "to_ranges"]
