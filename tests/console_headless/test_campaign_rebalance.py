@@ -171,7 +171,7 @@ def test_a_stopped_node_with_work_is_named_not_fed() -> None:
 # -- two nodes over the real sshd ----------------------------------------------------------------
 
 FAST_SIM = ("--time-scale", "0.01")
-SLOW_SIM = ("--time-scale", "1.0")  # about a second an answer
+SLOW_SIM = ("--time-scale", "2.0")  # about two seconds an answer: a tail that outlasts each step
 
 
 @dataclass
@@ -247,6 +247,21 @@ def launch(tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any, prompts: in
     assert r.returncode == 0, r.stdout + r.stderr
     nodes.wait("gen-1", lambda s: s["status"] == "done", "done")
     return nodes
+
+
+def console_sees_idle(nodes: Nodes, name: str) -> None:
+    """Wait until `fleetdeck status CAMPAIGN --json` shows `name` done with nothing left."""
+    def check() -> bool:
+        r = nodes.deck("status", "traces", "--json")
+        for e in json.loads(r.stdout or "{}").get("nodes", []):
+            snap = e.get("snapshot") or {}
+            p = snap.get("progress") or {}
+            if e["node"] == name and snap.get("status") == "done" and \
+                    p.get("total") == p.get("completed", 0) + p.get("failed", 0):
+                return True
+        return False
+
+    wait_until(check, 30, f"the console to see {name} done", interval=0.5)
 
 
 def moved_lines(stdout: str) -> list[tuple[int, str, str, str]]:
@@ -374,7 +389,9 @@ def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
         nodes.wait("gen-1", lambda s: s["status"] == "done" and s["progress"]["total"] ==
                    230, "the adopted 30 done")
 
-        # 2. The slow node killed once its cede is journaled, before it answers.
+        # 2. The slow node killed once its cede is journaled, before it answers. First the
+        # console itself must see gen-1 idle (what the plan reads), not only its supervisor.
+        console_sees_idle(nodes, "gen-1")
         r = nodes.deck(*step)
         assert r.returncode == 3, r.stdout + r.stderr
         assert "gen-2: cede rb-traces-" in r.stderr and "no answer" in r.stderr
