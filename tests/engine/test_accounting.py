@@ -4,6 +4,7 @@ progress.json."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from agents.engine.accounting import Meter, RateSpread, Totals
+from agents.ewma import EwmaRate
 from agents.rundir.schema import Progress, cost_of, encoder
 
 T0 = 5000.0  # monotonic seconds at this engine's start
@@ -134,3 +136,26 @@ def test_spec_keys_for_cost_idle_and_auto(tmp_path: Path) -> None:
         spec.write_text(text.replace(*edit))
         with pytest.raises(SpecError, match=re.escape(where)):
             load_spec(spec)
+
+
+def test_a_rate_that_has_watched_little_is_the_mean_of_what_it_watched() -> None:
+    # An engine's first tick comes milliseconds after its start, with nothing done: that
+    # instant must not hold the rate near zero (a resumed run's ETA, the share a rebalance
+    # gives it). Then 100 a second.
+    r = EwmaRate(60.0, now=0.0)
+    assert r.rate == 0.0 and r.tick(0.005) == 0.0
+    t = 0.005
+    for _ in range(3):
+        r.add(100)
+        t += 1.0
+        r.tick(t)
+    assert 99.0 < r.rate <= 100.0
+    # Long watched, it still weighs the last tau most: ten a second for ten minutes, then
+    # nothing for one tau leaves e^-1 of it.
+    r = EwmaRate(60.0, now=0.0)
+    for s in range(1, 601):
+        r.add(10)
+        r.tick(float(s))
+    for s in range(601, 661):
+        r.tick(float(s))
+    assert r.rate == pytest.approx(10 * math.exp(-1), rel=1e-3)
