@@ -49,6 +49,10 @@ DEFAULT_MIN = 1000  # two batches of the default batch_size (500): less is not w
 GIVES = ("running",)  # a node that cedes: sending now (a paused or stopping one is left be)
 TAKES = ("done", "running", "starting")  # a node that may adopt (never a failed or stopped)
 LIVE = ("running", "starting", "paused", "draining")
+# An engine younger than this with no completion rate of its own yet is warming up: it gives
+# nothing (a node restarted by the adopt of a move, read half a second later, would otherwise
+# look as slow as a guess and hand half of what it was just given back).
+WARMUP_S = 30.0
 REASSIGN_PREFIX = "reassign-"  # the id of a dead node's shard taken over (campaign_verify)
 CALL_TIMEOUT_S = 150.0  # an adopt on a node whose engine is ending waits for it (up to 120 s)
 
@@ -80,6 +84,7 @@ class Load:
     shard: str | None  # the shard its run owns ("1/4"), as adopts record where indices came from
     left: int  # owned, neither done nor failed (in flight counts as left)
     rate: float | None  # completions per second (None: not known)
+    warming: bool = False  # just started, no rate of its own yet: not a giver
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +124,11 @@ def load_of(member: Member) -> Load | None:
     if snap is None or p is None:
         return None
     rate: float | None = p.rate_per_sec if p.rate_per_sec > 0 else None
-    if rate is None and p.completed > 0 and p.elapsed_hours > 0:
+    warming = rate is None and p.elapsed_hours * 3600 < WARMUP_S
+    if rate is None and p.completed > 0 and p.elapsed_hours > 0 and snap.status == "done":
         rate = p.completed / (p.elapsed_hours * 3600)  # a finished run's mean
     left = max(0, p.total - p.completed - p.failed)
-    return Load(member.node, snap.status, p.shard, left, rate)
+    return Load(member.node, snap.status, p.shard, left, rate, warming)
 
 
 def move_id(campaign: Campaign, slow: str, idle: str, now_ms: int) -> str:
@@ -222,7 +228,8 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
                              f"{x.node})")
     idle = [x for x in loads.values()
             if x.left == 0 and x.status in TAKES and x.node not in busy]
-    slow = [x for x in loads.values() if x.status in GIVES and x.left > min_left]
+    slow = [x for x in loads.values()
+            if x.status in GIVES and x.left > min_left and not x.warming]
     if not idle or not slow:
         return out
     known = [x.rate for x in idle + slow if x.rate is not None]
