@@ -49,9 +49,9 @@ DEFAULT_MIN = 1000  # two batches of the default batch_size (500): less is not w
 GIVES = ("running",)  # a node that cedes: sending now (a paused or stopping one is left be)
 TAKES = ("done", "running", "starting")  # a node that may adopt (never a failed or stopped)
 LIVE = ("running", "starting", "paused", "draining")
-# An engine younger than this with no completion rate of its own yet is warming up: it gives
-# nothing (a node restarted by the adopt of a move, read half a second later, would otherwise
-# look as slow as a guess and hand half of what it was just given back).
+# An engine younger than this with no rate yet (none measured, no mean: its first progress)
+# is warming up and gives nothing: a node restarted by the adopt of a move, read half a second
+# later, would otherwise look as slow as a guess and hand half of what it was given back.
 WARMUP_S = 30.0
 REASSIGN_PREFIX = "reassign-"  # the id of a dead node's shard taken over (campaign_verify)
 CALL_TIMEOUT_S = 150.0  # an adopt on a node whose engine is ending waits for it (up to 120 s)
@@ -124,9 +124,11 @@ def load_of(member: Member) -> Load | None:
     if snap is None or p is None:
         return None
     rate: float | None = p.rate_per_sec if p.rate_per_sec > 0 else None
+    if rate is None and p.completed > 0 and p.elapsed_hours > 0:
+        # A finished run's mean. A resumed engine's is high (completed counts every engine,
+        # elapsed this one): it gives less, and never bounces work back.
+        rate = p.completed / (p.elapsed_hours * 3600)
     warming = rate is None and p.elapsed_hours * 3600 < WARMUP_S
-    if rate is None and p.completed > 0 and p.elapsed_hours > 0 and snap.status == "done":
-        rate = p.completed / (p.elapsed_hours * 3600)  # a finished run's mean
     left = max(0, p.total - p.completed - p.failed)
     return Load(member.node, snap.status, p.shard, left, rate, warming)
 

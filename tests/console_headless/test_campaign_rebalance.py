@@ -77,15 +77,21 @@ def test_the_idle_node_takes_a_share_of_the_slow_ones_remaining_by_rate() -> Non
     assert target_of(c, m.id, "gen-0") == "gen-1" and not p.readopts
     # --max caps a move; rates not known: half; a finished node's rate is its mean.
     assert plan(fleet, c, [slow, idle], 1, 100, most=50).moves[0].count == 50
-    # A node whose engine started seconds ago has no rate yet: warming up, it gives nothing
-    # (it may be the fast node restarted by the adopt of the last move); once it has run
-    # WARMUP_S without one, it gives half.
+    # A node whose engine has no rate yet (its first progress, or nothing done in its first
+    # seconds) is warming up and gives nothing: it may be the fast node the last move's adopt
+    # restarted. Once it has run WARMUP_S with nothing done (stalled), it gives half.
     done_500 = member("gen-1", "1/2", status="done", total=500, completed=500)
-    young = member("gen-0", "0/2", completed=200, elapsed_h=5 / 3600)
-    assert plan(fleet, c, [young, done_500], 1, 100).empty
-    unknown = [member("gen-0", "0/2", completed=200, elapsed_h=WARMUP_S / 3600),
-               member("gen-1", "1/2", status="done", total=500, completed=500)]
-    assert plan(fleet, c, unknown, 1, 100).moves[0].count == 400
+    for young in (member("gen-0", "0/2", completed=200),
+                  member("gen-0", "0/2", elapsed_h=5 / 3600)):
+        assert plan(fleet, c, [young, done_500], 1, 100).empty
+    stalled = member("gen-0", "0/2", elapsed_h=WARMUP_S / 3600)
+    assert plan(fleet, c, [stalled, done_500], 1, 100).moves[0].count == 500
+    # A resumed engine's mean (every engine's completions over this one's time) is high: a
+    # fast node restarted by an adopt gives back at most a sliver.
+    resumed = member("gen-0", "0/2", completed=900, elapsed_h=1 / 3600)
+    slow_done = member("gen-1", "1/2", status="done", total=500, completed=500,
+                       elapsed_h=500 / 3600)  # one a second
+    assert plan(fleet, c, [resumed, slow_done], 1, 10).empty
     mean = member("gen-1", "1/2", status="done", total=1000, completed=1000,
                   elapsed_h=1000 / 3 / 3600)
     assert plan(fleet, c, [slow, mean], 1, 100).moves[0].count == 600
