@@ -244,7 +244,7 @@ class Nodes:
 def launch(tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any, prompts: int,
            env: dict[str, dict[str, str]] | None = None) -> Nodes:
     """gen-1 fast and gen-2 slow (its simulator about a hundred times slower, two requests at
-    a time), one campaign `traces`, launched; back once gen-1 is done."""
+    a time), one campaign `traces`, launched; back once gen-1 is done and gen-2 has a rate."""
     speeds = {"gen-1": (FAST_SIM, 8), "gen-2": (SLOW_SIM, 2)}
     specs, run_dirs = {}, {}
     for name, (sim_args, conc) in speeds.items():
@@ -260,6 +260,9 @@ def launch(tmp_path: Path, sshd: SshServer, s3: S3Server, sims: Any, prompts: in
     r = nodes.deck("launch", "traces", "--yes", timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     nodes.wait("gen-1", lambda s: s["status"] == "done", "done")
+    # A node with no rate in its engine's first seconds is warming up and gives nothing: the
+    # slow node must have finished something for a plan to move its tail.
+    nodes.wait("gen-2", lambda s: s["progress"]["completed"] >= 1, "a first completion")
     return nodes
 
 
