@@ -14,7 +14,7 @@ import msgspec
 from agents.artifacts.campaign_prefix import list_batches, read_batches, read_journals, s3_url
 from agents.artifacts.verify import VerifyError, run_facts
 from agents.engine.ownership import to_ranges
-from agents.engine.reassigned import ReassignRecord, read_reassigns, reassign_key
+from agents.engine.reassigned import ReassignRecord, read_reassigns, reassign_id, reassign_key
 from agents.engine.uploader import make_s3_client
 from agents.rundir.schema import pin_decoder
 from agents.rundir.shard import parse_shard
@@ -22,10 +22,6 @@ from agents.rundir.shard import parse_shard
 
 class ReassignRefused(ValueError):
     """Nothing was written: the reason names the shard, the node and what to do."""
-
-
-def reassign_id(shard_tag: str) -> str:
-    return f"reassign-{shard_tag}"
 
 
 def plan_reassign(run_dir: Path, id_: str, shard: str, node: str, to: str

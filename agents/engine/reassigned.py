@@ -31,6 +31,12 @@ class ReassignRecord(msgspec.Struct):
 _decoder = msgspec.json.Decoder(ReassignRecord)
 
 
+def reassign_id(shard_tag: str) -> str:
+    """A shard's reassign id: one per shard, so a retry finds the record it wrote, and a
+    running node can look for its own before every put."""
+    return f"reassign-{shard_tag}"
+
+
 def reassign_key(s3: S3Section, id_: str) -> str:
     return f"{s3.prefix}{FOLDER}{id_}.json"
 

@@ -34,7 +34,12 @@ from agents.engine.ownership import (
     pick_for_cede,
 )
 from agents.engine.pin import check_pin
-from agents.engine.reassigned import reassigned_why, refuse_if_reassigned
+from agents.engine.reassigned import (
+    reassign_id,
+    reassign_key,
+    reassigned_why,
+    refuse_if_reassigned,
+)
 from agents.engine.retries import find_truncated
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
@@ -85,6 +90,7 @@ class Engine:
         self._ceding: set[int] = set()  # being ceded: not sent, whatever the journal says
         self.reassigned = False  # a reassign record names this shard: stop, upload nothing
         self._move_lock = asyncio.Lock()  # one cede or adopt at a time
+        self._fence_hit = asyncio.Event()  # the uploader found this shard's reassign record
         self._feed_over = False
         self._write_q: asyncio.Queue[tuple[int, int, bytes, BatchLine, str | None]] = (
             asyncio.Queue()
@@ -157,6 +163,8 @@ class Engine:
             self.uploader.recover(rec.closed_batches)
             if self.shard is not None:
                 refuse_if_reassigned(self.spec.s3, self.shard, self.run_dir)
+                self.uploader.fence(reassign_key(self.spec.s3, reassign_id(self.shard.tag)),
+                                    self._fence_hit.set)
                 self.uploader.watch_journals(self.shard.tag, [self.journal.path,
                                                               self.owner.path or Path()])
         self._batches_closed = len(rec.closed_batches)
@@ -714,16 +722,24 @@ class Engine:
     async def _reassign_watch(self) -> None:
         """A node cut off from the console (a network split) may be reassigned while it
         runs: once a reassign record names this shard, stop sending and uploading at once,
-        and say why. Checked every REASSIGN_CHECK_S."""
+        and say why. Checked every REASSIGN_CHECK_S, and at once when the uploader, which
+        looks for the record before every put, finds it."""
         assert self.spec.s3 is not None and self.shard is not None
         while True:
-            await asyncio.sleep(REASSIGN_CHECK_S)
+            try:
+                await asyncio.wait_for(self._fence_hit.wait(), REASSIGN_CHECK_S)
+            except TimeoutError:
+                pass
             try:
                 why = await asyncio.to_thread(reassigned_why, self.spec.s3, self.shard,
                                               self.run_dir)
             except EngineError as exc:
                 log.warning("reassign check: %s", exc)
-                continue
+                why = None
+            if why is None and self._fence_hit.is_set():
+                # The uploader saw the record and reading it failed: stop all the same.
+                assert self.uploader is not None
+                why = f"{self.run_dir}: {self.uploader.last_error}"
             if why is not None:
                 self.reassigned = True
                 self.writer_error = "reassigned"  # nothing more is written

@@ -30,6 +30,10 @@ log = logging.getLogger("fleetdeck.engine.s3")
 JOURNAL_INTERVAL_S = float(os.environ.get("FLEETDECK_JOURNAL_INTERVAL_S", "30"))
 
 
+class Fenced(RuntimeError):
+    """The fence object exists: this shard was reassigned, nothing more of it goes up."""
+
+
 class S3Unavailable(RuntimeError):
     pass
 
@@ -112,6 +116,9 @@ class Uploader:
         self._journal_sent = 0
         self._journals_wake = asyncio.Event()
         self._journals_now = asyncio.Event()
+        # A campaign shard's reassign record: looked for before every put (fence()).
+        self._fence_key: str | None = None
+        self._on_fenced: Callable[[], None] | None = None
 
     def recover(self, closed: list[Path]) -> int:
         """Read uploads.jsonl; queue every closed batch not confirmed there."""
@@ -146,9 +153,42 @@ class Uploader:
     def key_for(self, path: Path) -> str:
         return f"{self.spec.prefix}{path.name}"
 
+    def fence(self, key: str, on_fenced: Callable[[], None]) -> None:
+        """Before every put, look for `key` (this shard's reassign record): once it exists,
+        put nothing more and call `on_fenced` on the event loop. A network-split node that
+        was reassigned then uploads at most the put already under way when the record
+        landed, not a minute of batches until its engine's next check."""
+        self._fence_key = key
+        self._on_fenced = on_fenced
+
+    def _check_fence(self) -> None:
+        if self._fence_key is None:
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.spec.bucket, Key=self._fence_key)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return
+            raise  # cannot tell: nothing goes up until it can
+        raise Fenced(f"s3://{self.spec.bucket}/{self._fence_key} exists: this shard was "
+                     "reassigned; nothing more of it goes to S3")
+
+    def _fenced(self, exc: Fenced) -> None:
+        if self._stopped:
+            return
+        log.error("%s", exc)
+        self.last_error = str(exc)[:300]
+        self.stop()
+        if self._on_fenced is not None:
+            self._on_fenced()
+
     def _upload(self, item: Pending) -> UploadRecord:
         if self._client is None:
             self._client = make_s3_client(self.spec)
+        self._check_fence()
         sha256, md5, size = file_digests(item.path)
         if item.sha256 and item.sha256 != sha256:
             raise RuntimeError(f"{item.path} changed since it was closed (sha256 differs)")
@@ -181,6 +221,9 @@ class Uploader:
                 return
             try:
                 rec = await asyncio.to_thread(self._upload, item)
+            except Fenced as exc:
+                self._fenced(exc)
+                return
             except Exception as exc:
                 self.last_error = f"{item.path.name}: {type(exc).__name__}: {exc}"[:300]
                 log.warning("upload of %s failed, retrying in %.0f s: %s",
@@ -241,6 +284,7 @@ class Uploader:
     def _upload_journals(self) -> None:
         if self._client is None:
             self._client = make_s3_client(self.spec)
+        self._check_fence()
         put_journals(self._client, self.spec, self._journal_folder, self._journal_paths)
 
     def stop(self) -> None:
@@ -264,6 +308,9 @@ class Uploader:
             change = self._journal_changes
             try:
                 await asyncio.to_thread(self._upload_journals)
+            except Fenced as exc:
+                self._fenced(exc)
+                return
             except Exception as exc:
                 self.last_error = f"journals: {type(exc).__name__}: {exc}"[:300]
                 log.warning("upload of the journals failed, retrying in %.0f s: %s", delay,

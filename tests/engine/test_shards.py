@@ -71,10 +71,12 @@ def test_ranges_round_trip_and_ownership_moves() -> None:
     assert list(own.owned_descending(16)) == [9, 5, 2, 1]
 
 
-def _shard_spec(root: Path, prompts: Path, url: str, s3: S3Server, shard: str) -> Path:
+def _shard_spec(root: Path, prompts: Path, url: str, s3: S3Server, shard: str,
+                batch_size: int = 40) -> Path:
     folder = root / shard.replace("/", "of")
     folder.mkdir()
-    return write_spec(folder / "run.toml", prompts, [url], s3=s3, batch_size=40, shard=shard)
+    return write_spec(folder / "run.toml", prompts, [url], s3=s3, batch_size=batch_size,
+                      shard=shard)
 
 
 def test_two_shards_cover_the_prompt_set_once(tmp_path: Path, sims, s3: S3Server) -> None:
@@ -152,16 +154,22 @@ def test_a_refused_resume_says_failed_not_the_last_engines_status(tmp_path: Path
         kill_run(run_dir)
 
 
-def test_a_running_shard_stops_when_it_is_reassigned(tmp_path: Path, sims, s3: S3Server) -> None:
+@pytest.mark.parametrize(("check_s", "batch_size"), [
+    ("0.3", 40),  # the engine's own check finds it
+    ("600", 5),  # no check for ten minutes: the uploader's look before its next put does
+])
+def test_a_running_shard_stops_when_it_is_reassigned(tmp_path: Path, sims, s3: S3Server,
+                                                     check_s: str, batch_size: int) -> None:
     """A node cut off from the console (a network split) and reassigned while it runs stops
-    at its next check: it sends and uploads nothing more, and says why."""
+    at its next check, or at its next put to S3 (which looks for the record first): it sends
+    and uploads nothing more, and says why."""
     import time
 
     prompts = tmp_path / "prompts.jsonl"
     write_prompts(prompts, 400)
     sim = sims("--seed", 6, "--time-scale", "1")  # answers take seconds: the run is live
-    spec = _shard_spec(tmp_path, prompts, sim.url, s3, "0/2")
-    engine = start_engine(spec, env={**s3.env(), "FLEETDECK_REASSIGN_CHECK_S": "0.3"})
+    spec = _shard_spec(tmp_path, prompts, sim.url, s3, "0/2", batch_size)
+    engine = start_engine(spec, env={**s3.env(), "FLEETDECK_REASSIGN_CHECK_S": check_s})
     try:
         from tests.engine.runs import wait_progress
 
@@ -171,7 +179,7 @@ def test_a_running_shard_stops_when_it_is_reassigned(tmp_path: Path, sims, s3: S
                   "time": time.time(), "count": 1, "ranges": [[0, 1, 1]]}
         s3.client().put_object(Bucket=s3.bucket, Key="runs/test/journals/reassign/"
                                "reassign-s00of02.json", Body=json.dumps(record).encode())
-        said = time.monotonic()
+        said, said_at = time.monotonic(), time.time()
         assert engine.wait(60) != 0
         took = time.monotonic() - said
     finally:
@@ -184,3 +192,6 @@ def test_a_running_shard_stops_when_it_is_reassigned(tmp_path: Path, sims, s3: S
     uploaded = [k["Key"] for k in s3.client().list_objects_v2(
         Bucket=s3.bucket, Prefix="runs/test/completions_").get("Contents", [])]
     assert len(uploaded) <= progress["s3_uploaded"], "a batch went up after the stop"
+    # At most the put already under way when the record landed finished after it.
+    ups = [json.loads(x) for x in (engine.run_dir / "uploads.jsonl").read_text().splitlines()]
+    assert sum(u["uploaded_at"] > said_at for u in ups) <= 1, ups
