@@ -25,6 +25,7 @@ class Member:
     link: str  # connected, unreachable, reconnecting, error...
     snapshot: Snapshot | None = None
     error: str | None = None
+    leaving: bool = False  # passed decommission-check (console/given_back.py): takes no work
 
 
 class Shard(msgspec.Struct, omit_defaults=False):
@@ -187,10 +188,13 @@ def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member]) -> Rollup:
 
 
 def from_state(state: FleetState, campaign: Campaign) -> Rollup:
-    """The roll-up of what the TUI holds now (last snapshots, however old; their links)."""
-    return roll_up(state.fleet, campaign, [
+    """The roll-up of what the TUI holds now (last snapshots, however old; their links), a
+    node given back counted as it was when it passed decommission-check."""
+    from console.given_back import with_given_back  # it builds on Member
+
+    return roll_up(state.fleet, campaign, with_given_back(state.fleet, [
         Member(name, ns.link, ns.snapshot, ns.error) for name in campaign.nodes
-        if (ns := state.nodes.get(name)) is not None])
+        if (ns := state.nodes.get(name)) is not None]))
 
 
 def _slowest(live: list[tuple[str, float | None, float | None, float | None]]

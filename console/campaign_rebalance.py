@@ -37,6 +37,7 @@ from agents.rpc.protocol import NO_ANSWER, RpcError
 from agents.rundir.schema import Snapshot
 from console.campaign import Member, roll_up
 from console.fleet import Campaign, Fleet
+from console.given_back import with_given_back
 from console.headless import EXIT_CHECK, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, open_link
 from console.sanitize import shown
 from console.state import FleetState
@@ -85,6 +86,7 @@ class Load:
     left: int  # owned, neither done nor failed (in flight counts as left)
     rate: float | None  # completions per second (None: not known)
     warming: bool = False  # just started, no rate of its own yet: not a giver
+    leaving: bool = False  # passed decommission-check (or given back): takes nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,7 @@ def load_of(member: Member) -> Load | None:
         rate = p.completed / (p.elapsed_hours * 3600)
     warming = rate is None and p.elapsed_hours * 3600 < WARMUP_S
     left = max(0, p.total - p.completed - p.failed)
-    return Load(member.node, snap.status, p.shard, left, rate, warming)
+    return Load(member.node, snap.status, p.shard, left, rate, warming, member.leaving)
 
 
 def move_id(campaign: Campaign, slow: str, idle: str, now_ms: int) -> str:
@@ -208,6 +210,12 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
             # Only the node the move was for may adopt it (it may have, unseen).
             out.notes.append(waits + f"{to}, the node it was for, did not answer")
             continue
+        if to is not None and loads[to].leaving:
+            # decommission-check refuses a node a cede waits for; this one passed before it.
+            out.notes.append(waits + f"{to}, the node it was for, passed decommission-check "
+                             f"and takes no work: check {to} again (it fails while this "
+                             "waits), resume it, and rebalance")
+            continue
         if to is None:
             if silent:
                 # A node that did not answer may hold its adopt: elsewhere it could be sent
@@ -215,8 +223,8 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
                 out.notes.append(waits + f"{', '.join(silent)} did not answer and may have "
                                  "adopted it")
                 continue
-            takers = [x for x in loads.values() if x.status in TAKES and x.node != c.node] \
-                or [x for x in loads.values() if x.status in TAKES]
+            open_ = [x for x in loads.values() if x.status in TAKES and not x.leaving]
+            takers = [x for x in open_ if x.node != c.node] or open_
             if not takers:
                 out.notes.append(waits + "no node is running or done to adopt it")
                 continue
@@ -229,7 +237,7 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
                              f"nobody sends them until it runs again (fleetdeck resume "
                              f"{x.node})")
     idle = [x for x in loads.values()
-            if x.left == 0 and x.status in TAKES and x.node not in busy]
+            if x.left == 0 and x.status in TAKES and x.node not in busy and not x.leaving]
     slow = [x for x in loads.values()
             if x.status in GIVES and x.left > min_left and not x.warming]
     if not idle or not slow:
@@ -427,7 +435,7 @@ class Links:
             except msgspec.ValidationError as exc:
                 return Member(name, "connected", None, f"unreadable snapshot: {exc}")
 
-        return list(await asyncio.gather(*(one(n) for n in names)))
+        return with_given_back(self.fleet, list(await asyncio.gather(*(one(n) for n in names))))
 
     async def close(self) -> None:
         await asyncio.gather(*(link.close() for link in self.links.values()),
@@ -534,7 +542,7 @@ class AutoRebalance:
             ns = state.nodes[name]
             live = ns.link == "connected"
             out.append(Member(name, ns.link, ns.snapshot if live else None, ns.error))
-        return out
+        return with_given_back(self.fleet, out)
 
     async def round(self, state: FleetState) -> Outcome:
         """One round from what `state` holds now (call it when `due`)."""

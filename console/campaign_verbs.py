@@ -19,6 +19,8 @@ from console import campaign as rollup
 from console.actions import BY_ID
 from console.campaign_launch import check_problems, launch_params, spec_problem
 from console.fleet import Campaign, Fleet, Node
+from console.given_back import LINK as GIVEN_BACK
+from console.given_back import with_given_back
 from console.headless import (
     EXIT_CHECK,
     EXIT_OK,
@@ -190,7 +192,8 @@ async def cmd_campaign_status(fleet: Fleet, campaign: Campaign, args: argparse.N
     nodes = [fleet.node(n) for n in campaign.nodes]
     while True:
         entries = await status_once(fleet, nodes, args.accept_new_host_key)
-        r = rollup.roll_up(fleet, campaign, members(entries))
+        known = with_given_back(fleet, members(entries))
+        r = rollup.roll_up(fleet, campaign, known)
         if args.json:
             print(json.dumps({"time": time.time(), "campaign": msgspec.to_builtins(r),
                               "nodes": [e.to_json() for e in entries]}), flush=True)
@@ -202,6 +205,6 @@ async def cmd_campaign_status(fleet: Fleet, campaign: Campaign, args: argparse.N
         if not args.watch:
             break
         await asyncio.sleep(args.interval)
-    if any(e.link != "connected" for e in entries):
+    if any(m.link not in ("connected", GIVEN_BACK) for m in known):
         return EXIT_UNREACHABLE
     return EXIT_OK

@@ -15,6 +15,7 @@ from typing import Any
 from agents.rpc.protocol import RpcError
 from agents.rundir.shard import parse_shard
 from console.fleet import Campaign, Fleet, Node
+from console.given_back import read_record, when
 from console.headless import (
     EXIT_CHECK,
     EXIT_OK,
@@ -39,6 +40,7 @@ class NodeVerify:
     refused: str | None = None
     unreachable: str | None = None
     reassigned: str | None = None  # why this node's own verify does not count
+    given_back: str | None = None  # gone after a passing decommission-check: the union judges
 
     @property
     def ok(self) -> bool:
@@ -47,7 +49,12 @@ class NodeVerify:
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "shard": self.shard, "ok": self.ok, "report": self.report,
                 "refused": self.refused, "unreachable": self.unreachable,
-                "counted": self.reassigned is None, "reassigned": self.reassigned}
+                "counted": self.counted, "reassigned": self.reassigned,
+                "given_back": self.given_back}
+
+    @property
+    def counted(self) -> bool:
+        return self.reassigned is None and self.given_back is None
 
 
 @dataclass(slots=True)
@@ -61,14 +68,14 @@ class CampaignVerify:
 
     @property
     def failed(self) -> bool:
-        counted = [n for n in self.nodes if n.reassigned is None]
+        counted = [n for n in self.nodes if n.counted]
         return (self.union_error is not None and self.union_node is not None) or \
             (self.union is not None and not self.union.get("ok")) or \
             any((n.report is not None and not n.ok) or n.refused for n in counted)
 
     @property
     def unreachable(self) -> list[str]:
-        return [n.node for n in self.nodes if n.unreachable and n.reassigned is None]
+        return [n.node for n in self.nodes if n.unreachable and n.counted]
 
     def exit_code(self) -> int:
         if self.failed:
@@ -140,6 +147,11 @@ async def verify_campaign(fleet: Fleet, campaign: Campaign, accept_new: bool,
                 v.reassigned = (f"its shard {v.shard} was reassigned to {rec.get('to')} "
                                 f"(record {rec.get('id')}): its own verify does not count; "
                                 "its batches in S3 count in the union")
+    for v in result.nodes:
+        gone = read_record(fleet.pull_dir, v.node) if v.unreachable is not None else None
+        if gone is not None and v.reassigned is None:
+            v.given_back = (f"given back after a passing decommission-check at {when(gone)}: "
+                            "its shard is judged by the union in S3")
     return result
 
 
@@ -157,8 +169,9 @@ def human(r: CampaignVerify) -> list[str]:
             lines.append(f"{head} FAIL")
             for p in (v.report or {}).get("problems") or []:
                 lines.append(f"    - {p}")
-        if v.reassigned is not None:
-            lines.append(f"    (not counted: {v.reassigned})")
+        for why in (v.reassigned, v.given_back):
+            if why is not None:
+                lines.append(f"    (not counted: {why})")
     if r.union is not None:
         lines.append(f"union of {r.campaign} from {r.union.get('s3_url')} "
                      f"(judged on {r.union_node}): {'ok' if r.union.get('ok') else 'FAIL'}")

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import ManifestEntry
 from console.artifacts.pull import PULL_CIPHERS, PullProgress, PullReport, local_sha256, puller_for
@@ -31,7 +33,9 @@ from console.artifacts.pullset import (
     save_manifest,
 )
 from console.artifacts.sources import PullError, open_source
+from console.campaign_rebalance import target_of
 from console.fleet import Campaign, Fleet, Node
+from console.given_back import record_path, write_record
 from console.headless import (
     EXIT_CHECK,
     EXIT_OK,
@@ -106,7 +110,10 @@ def generation_campaign(fleet: Fleet, node: str) -> Campaign | None:
 
 
 async def checklist(link: AgentLink, node: Node, pull_dir: Path,
-                    campaign: Campaign | None = None) -> Checklist:
+                    campaign: Campaign | None = None, proof_dir: Path | None = None
+                    ) -> Checklist:
+    """The checklist against the copy in `pull_dir`; a pass is kept in `proof_dir` (the
+    fleet's pull dir, where campaign views look; default `pull_dir`)."""
     snap, entries, chosen = await _context(link, node, False)
     dest = dest_for(pull_dir, node, snap.get("run"))
     status = snap.get("status")
@@ -149,7 +156,25 @@ async def checklist(link: AgentLink, node: Node, pull_dir: Path,
         detail += ("; the servers are still up and their logs keep growing: `down` first, "
                    "then pull again")
     items.append(Item("artifacts pulled", not missing, detail, missing))
-    return Checklist(node.name, str(dest), items)
+    result = Checklist(node.name, str(dest), items)
+    await asyncio.to_thread(_keep_proof, result, proof_dir or pull_dir, node, snap)
+    return result
+
+
+def _keep_proof(result: Checklist, pull_dir: Path, node: Node, snap: dict[str, Any]) -> None:
+    """A pass is kept (console/given_back.py: the campaign goes on without the node once it
+    is gone); a check that fails removes an earlier pass, which no longer proves anything."""
+    path = record_path(pull_dir, node.name)
+    if not result.ok:
+        path.unlink(missing_ok=True)
+        return
+    try:
+        write_record(pull_dir, node.name, snap)
+    except (OSError, msgspec.ValidationError) as exc:
+        result.items.append(Item("proof kept", False,
+                                 f"cannot keep the pass in {shown(str(path))}: "
+                                 f"{shown(str(exc))}; a campaign would count the node as lost "
+                                 "once it is gone"))
 
 
 async def campaign_items(link: AgentLink, node: Node, campaign: Campaign,
@@ -174,14 +199,19 @@ async def campaign_items(link: AgentLink, node: Node, campaign: Campaign,
                                                   "batches": False}, timeout=600)
     except RpcError as exc:
         return [journals, Item("no unadopted cede", False, shown(exc.message))]
-    waiting = [u for u in report.get("unadopted") or []
-               if isinstance(u, dict) and u.get("shard") == shard]
+    unadopted = [u for u in report.get("unadopted") or [] if isinstance(u, dict)]
+    waiting = [u for u in unadopted if u.get("shard") == shard]
+    # A cede of a rebalance move may be adopted only by the node the move was for.
+    waiting += [u for u in unadopted if u not in waiting and isinstance(u.get("id"), str)
+                and isinstance(u.get("node"), str)
+                and target_of(campaign, u["id"], u["node"]) == node.name]
     named = [f"{shown(str(u.get('id')))}: {u.get('count')} indices ({shown(str(u.get('ranges')))})"
              for u in waiting]
     cede = Item("no unadopted cede", not waiting,
-                f"every range shard {shard} ceded was adopted" if not waiting else
-                f"{len(waiting)} ceded range(s) of shard {shard} nobody adopted: adopt them "
-                f"(`fleetdeck rebalance {campaign.name}`) before the node goes", named)
+                f"every range shard {shard} ceded was adopted, and none waits for this node"
+                if not waiting else
+                f"{len(waiting)} ceded range(s) of or for shard {shard} nobody adopted: adopt "
+                f"them (`fleetdeck rebalance {campaign.name}`) before the node goes", named)
     return [journals, cede]
 
 
@@ -252,7 +282,8 @@ async def cmd_decommission_check(fleet: Fleet, args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     try:
         pull_dir = Path(args.to) if args.to else fleet.pull_dir
-        result = await checklist(link, node, pull_dir, generation_campaign(fleet, node.name))
+        result = await checklist(link, node, pull_dir, generation_campaign(fleet, node.name),
+                                 proof_dir=fleet.pull_dir)
     except (RpcError, ConnectionError, TimeoutError) as exc:
         say(f"{node.name}: decommission-check: {shown(exc)}")
         return EXIT_UNREACHABLE
