@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from console.fleet import Campaign, ConsoleSettings, Fleet, Node
+from console.given_back import write_record
 from console.tui.app import FleetdeckApp
 from console.tui.screens.campaign import CampaignScreen
 from console.tui.screens.node import GenerateScreen
@@ -147,3 +148,28 @@ def test_campaign_screen(snap_compare: Any) -> None:
         await pilot.pause()
 
     assert snap_compare(campaign_app(), terminal_size=SIZE, run_before=run_before)
+
+
+async def test_a_node_given_back_shows_as_given_back_and_its_shard_still_counts(
+        tmp_path: Path) -> None:
+    # gen-2 passed decommission-check (the console kept the pass) and no longer answers.
+    app = campaign_app()
+    app.fleet.console.pull_dir = str(tmp_path / "pulls")
+    gen2 = d.generate_snapshot(alerts=[], status="done", progress=d.progress(
+        shard="1/2", campaign="qwen-all", status="done", completed=456_893, total=456_893,
+        failed=0, rate_per_sec=0.0, eta_hours=0.0))
+    write_record(app.fleet.pull_dir, "gen-2", gen2)
+    async with app.run_test(size=SIZE) as pilot:
+        app.ingest("gen-1", d.generate_snapshot(progress=d.progress(
+            shard="0/2", campaign="qwen-all", completed=400_000, total=456_893)))
+        app.state.set_link("gen-1", "connected", None)
+        app.state.nodes["gen-1"].received_at = d.NOW - 1
+        app.state.set_link("gen-2", "unreachable", "connection refused")
+        app.redraw()
+        await until(pilot, lambda: "└ gen-2" in screen_text(app), 10, "gen-2's row")
+        lines = screen_text(app).splitlines()
+        campaign = next(x for x in lines if "campaign · 2 nodes" in x)
+        assert "1/2 live, 1 given back" in campaign
+        assert "856.9k/913.8k" in campaign  # both shards' figures
+        gen2 = next(x for x in lines if "└ gen-2" in x)
+        assert gen2.rstrip().endswith("given back") and "unreachable" not in gen2

@@ -9,6 +9,8 @@ from rich.text import Text
 from textual.theme import Theme
 
 from console.campaign import Rollup, from_state
+from console.given_back import LINK as GIVEN_BACK
+from console.given_back import read_record
 from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
@@ -22,9 +24,12 @@ FLEET_COLUMNS = (("node", "Node", None), ("role", "Role", 8), ("run", "Run", 20)
 STALE_S = 5.0  # older than this, a node's figures are drawn dim: they are not live
 
 
-def contact(ns: NodeState, now: float, theme: Theme) -> Text:
-    """The link's state and the age of the last snapshot: `1 s`, `reconnecting 12 s`."""
+def contact(ns: NodeState, now: float, theme: Theme, given_back: bool = False) -> Text:
+    """The link's state and the age of the last snapshot: `1 s`, `reconnecting 12 s`; a node
+    that passed decommission-check and no longer answers: `given back`."""
     age = ns.age_s(now)
+    if given_back and ns.link != "connected":
+        return toned(GIVEN_BACK, theme, "muted")
     if ns.link == "connected":
         text = f.age(age) if age is not None else "connected"
         return toned(text, theme, "warn" if age is not None and age > STALE_S else None)
@@ -32,8 +37,10 @@ def contact(ns: NodeState, now: float, theme: Theme) -> Text:
     return toned(text, theme, LINK_TONE.get(ns.link, "bad"))
 
 
-def fleet_row(ns: NodeState, now: float, theme: Theme, shard: str | None = None) -> Row:
-    """A node's row; `shard`: the node is one of a campaign's, drawn under its row."""
+def fleet_row(ns: NodeState, now: float, theme: Theme, shard: str | None = None,
+              given_back: bool = False) -> Row:
+    """A node's row; `shard`: the node is one of a campaign's, drawn under its row;
+    `given_back`: it passed decommission-check (console/given_back.py)."""
     snap = ns.snapshot
     age = ns.age_s(now)
     stale = ns.link != "connected" or age is None or age > STALE_S
@@ -45,7 +52,7 @@ def fleet_row(ns: NodeState, now: float, theme: Theme, shard: str | None = None)
     if snap is None:
         blank = Text(f.DASH, style="dim")
         return (name, role, blank, blank, blank, blank, blank, blank, blank,
-                contact(ns, now, theme))
+                contact(ns, now, theme, given_back))
     status = snap.status + (" (disk)" if snap.source == "disk" else "")
     status_cell = Text(status, style=dim or style(theme, RUN_TONE.get(snap.status)))
     progress = rate = eta = failed = f.DASH
@@ -66,7 +73,7 @@ def fleet_row(ns: NodeState, now: float, theme: Theme, shard: str | None = None)
         if snap.alerts else Text("0", style="dim")
     return (name, role, Text(shown(snap.run), style=dim), status_cell, Text(progress, style=dim),
             Text(rate, style=dim), Text(eta, style=dim), Text(failed, style=dim), alerts,
-            contact(ns, now, theme))
+            contact(ns, now, theme, given_back))
 
 
 def campaign_row(r: Rollup, theme: Theme) -> Row:
@@ -96,7 +103,9 @@ def campaign_row(r: Rollup, theme: Theme) -> Row:
     alerts = Text(str(len(r.alerts)), style=style(theme, "bad" if r.critical else "warn")) \
         if r.alerts else Text("0", style="dim")
     live = sum(1 for s in r.shards if s.link == "connected")
-    contact = toned(f"{live}/{r.nodes} live", theme, "warn" if live < r.nodes else None)
+    gone = sum(1 for s in r.shards if s.link == GIVEN_BACK)
+    text = f"{live}/{r.nodes} live" + (f", {gone} given back" if gone else "")
+    contact = toned(text, theme, "warn" if live + gone < r.nodes else None)
     dim = style(theme, "muted") if not live else ""  # no node live: figures are old
     return (name, r.role, run, status, Text(progress, style=dim), Text(rate, style=dim),
             Text(eta, style=dim), Text(failed, style=dim), alerts, contact)
@@ -118,7 +127,10 @@ class FleetTable(LiveTable):
             rows[c.name] = campaign_row(from_state(state, c), theme)
             for name in c.nodes:
                 if name in state.nodes:
-                    rows[name] = fleet_row(state.nodes[name], now, theme, c.shard(name))
+                    ns = state.nodes[name]
+                    rec = read_record(state.fleet.pull_dir, name) \
+                        if ns.link != "connected" else None
+                    rows[name] = fleet_row(ns, now, theme, c.shard(name), rec is not None)
         for name, ns in state.nodes.items():
             if name not in rows:
                 rows[name] = fleet_row(ns, now, theme)
