@@ -75,6 +75,11 @@ class Supervisor:
         self.engine_task: asyncio.Task[int] | None = None
         self._rerun_job = False  # an adopt reached an ending engine: start the next one
         self.job_refused = False  # the last start_job was refused (status says failed)
+        # A new engine is being prepared: status says starting, not the last engine's word
+        # (a done node restarted by an adopt or a resume read as idle for up to a second).
+        self.preparing_job = False
+        self._prepared = asyncio.Event()  # clear while preparing: a cede or adopt waits for it
+        self._prepared.set()
         self.train_proc: subprocess.Popen[bytes] | None = None
         self.alerts = AlertBook(self.spec.alerts)
         self.disk = DiskWatch(self.run_dir)
@@ -126,7 +131,7 @@ class Supervisor:
             await self._start_servers()
             # A `down` during start-up wins; a `resume` during it may have started the job.
             if not self.exit.is_set() and not self.job_running():
-                await self.start_job()
+                await self._start_if_idle()
             self.starting = False
             await self.exit.wait()
         finally:
@@ -175,11 +180,15 @@ class Supervisor:
     async def start_job(self) -> None:
         if self.job_running():
             raise RpcError(REFUSED, "the job is already running")
+        if self.preparing_job:
+            raise RpcError(REFUSED, "the job is already starting")
         if self.spec.run.kind == "train":
             self._start_trainer()
             return
         urls = [s.url for s in self.servers.servers] if self.servers else None
         engine = Engine(self.spec, urls=urls)
+        self.preparing_job = True
+        self._prepared.clear()
         try:
             await asyncio.to_thread(engine.prepare)
         except (EngineError, S3Unavailable, StoreError, ValueError, OSError) as exc:
@@ -188,6 +197,9 @@ class Supervisor:
             self.job_refused = True
             log.error(self.message)
             return
+        finally:
+            self.preparing_job = False
+            self._prepared.set()
         self.job_refused = False
         self.engine = engine
         if self.servers is not None:
@@ -195,6 +207,12 @@ class Supervisor:
                 engine.set_server_state(s.number, s.state in ("healthy", "degraded"))
         self.engine_task = asyncio.create_task(engine.run(install_signals=False))
         self.engine_task.add_done_callback(self._job_ended)
+
+    async def _start_if_idle(self) -> None:
+        """start_job, unless a job runs or is being prepared already (its engine reads the
+        ownership journal as it is then, adopts included)."""
+        if not self.job_running() and not self.preparing_job:
+            await self.start_job()
 
     def _start_trainer(self) -> None:
         """The training job: prepare (the quality gate can stop it here), then train; a
@@ -222,7 +240,7 @@ class Supervisor:
         if self._rerun_job and task.exception() is None:
             # An adopt came in as the engine ended: a new engine sends what was adopted.
             self._rerun_job = False
-            self._spawn(self.start_job())
+            self._spawn(self._start_if_idle())
         exc = task.exception()
         if exc is not None:
             self.status = "failed"
@@ -297,6 +315,8 @@ class Supervisor:
                             "before training (the quality gate?): see logs/train.log")
         elif self.job_refused:
             status = "failed"  # not the last engine's word in progress.json: this one refused
+        elif self.preparing_job:
+            status = "starting"
         elif progress is not None:
             status = progress.status
         elif train is not None:
@@ -389,6 +409,8 @@ class Supervisor:
             audit(self.run_dir, "resume", {}, p.get("who"))
             if self.job_running():
                 return {"status": "running", "message": "the job is already running"}
+            if self.preparing_job:
+                return {"status": "starting", "message": "the job is starting"}
             if self.starting:
                 raise RpcError(REFUSED, "the supervisor is still starting its servers; the job "
                                "starts when they are up")
@@ -421,6 +443,7 @@ class Supervisor:
         async def cede(p: dict[str, Any]) -> Any:
             id_, count = cede_params(p)
             audit(self.run_dir, "cede", {"id": id_, "count": count}, p.get("who"))
+            await self._prepared.wait()  # an engine being prepared holds run.lock: ask it
             engine = self.engine
             try:
                 if engine is not None and self.job_running():
@@ -440,6 +463,7 @@ class Supervisor:
             id_, ranges, node, shard = adopt_params(p)
             audit(self.run_dir, "adopt", {"id": id_, "node": node, "shard": shard},
                   p.get("who"))
+            await self._prepared.wait()
             engine = self.engine
             try:
                 if engine is not None and self.job_running() and engine.owner.writable:
@@ -449,7 +473,7 @@ class Supervisor:
                         self._rerun_job = True
                         if not self.job_running():
                             self._rerun_job = False
-                            await self.start_job()
+                            await self._start_if_idle()
                     return event_reply(ev)
                 if self.job_running():  # ending: wait for run.lock to be free
                     assert self.engine_task is not None
@@ -460,7 +484,7 @@ class Supervisor:
                     engine.owner.apply(ev)
             except (EngineError, SpecError, OSError, ValueError) as exc:
                 raise RpcError(REFUSED, str(exc)) from None
-            if not self.job_running() and not self.starting:
+            if not self.job_running() and not self.starting and not self.preparing_job:
                 self.message = None
                 await self.start_job()
             return event_reply(ev, s3_error)
