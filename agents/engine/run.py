@@ -600,15 +600,22 @@ class Engine:
             self.status = "draining"
             self._write_progress()
             if not await self.uploader.drain(3600.0, stop=lambda: self.stopping):
-                self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
-                                f"({self.uploader.last_error}); a resume uploads them")
-                log.warning(self.message)
+                if self._fence_hit.is_set():
+                    # Fenced while draining: the watch that says why ends with this run.
+                    self._mark_reassigned(self._fenced_why())
+                else:
+                    self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
+                                    f"({self.uploader.last_error}); a resume uploads them")
+                    log.warning(self.message)
         if self.uploader is not None and not self.reassigned and \
                 not await self.uploader.drain_journals(60.0):
-            self.message = self.message or (
-                f"the journals are not yet in S3 ({self.uploader.last_error}); a resume "
-                "uploads them")
-            log.warning("journals not uploaded: %s", self.uploader.last_error)
+            if self._fence_hit.is_set():
+                self._mark_reassigned(self._fenced_why())
+            else:
+                self.message = self.message or (
+                    f"the journals are not yet in S3 ({self.uploader.last_error}); a resume "
+                    "uploads them")
+                log.warning("journals not uploaded: %s", self.uploader.last_error)
         if self.writer_error is not None:
             self.status = "failed"
         else:
@@ -738,17 +745,25 @@ class Engine:
                 why = None
             if why is None and self._fence_hit.is_set():
                 # The uploader saw the record and reading it failed: stop all the same.
-                assert self.uploader is not None
-                why = f"{self.run_dir}: {self.uploader.last_error}"
+                why = self._fenced_why()
             if why is not None:
-                self.reassigned = True
-                self.writer_error = "reassigned"  # nothing more is written
-                self.message = why
-                log.error(why)
-                if self.uploader is not None:
-                    self.uploader.stop()
-                self.request_stop()
+                self._mark_reassigned(why)
                 return
+
+    def _fenced_why(self) -> str:
+        assert self.uploader is not None
+        return f"{self.run_dir}: {self.uploader.last_error}"
+
+    def _mark_reassigned(self, why: str) -> None:
+        if self.reassigned:
+            return
+        self.reassigned = True
+        self.writer_error = "reassigned"  # nothing more is written
+        self.message = why
+        log.error(why)
+        if self.uploader is not None:
+            self.uploader.stop()
+        self.request_stop()
 
     @property
     def feed_over(self) -> bool:

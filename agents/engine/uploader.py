@@ -247,10 +247,11 @@ class Uploader:
     async def drain(self, timeout: float, stop: Callable[[], bool] | None = None,
                     after_stop_s: float = 60.0) -> bool:
         """Wait until nothing is pending, up to timeout, or `after_stop_s` once `stop()` says
-        so (a stop must not wait an hour on an S3 outage); True when all are uploaded."""
+        so (a stop must not wait an hour on an S3 outage); True when all are uploaded. A
+        stopped uploader (fenced) uploads nothing more: no wait."""
         deadline = time.monotonic() + timeout
         stop_deadline: float | None = None
-        while self._pending and time.monotonic() < deadline:
+        while self._pending and time.monotonic() < deadline and not self._stopped:
             if stop is not None and stop() and stop_deadline is None:
                 stop_deadline = time.monotonic() + after_stop_s
             if stop_deadline is not None and time.monotonic() > stop_deadline:
@@ -335,7 +336,7 @@ class Uploader:
             return True
         self.journals_changed(now=True)
         deadline = time.monotonic() + timeout
-        while self.journals_behind and time.monotonic() < deadline:
+        while self.journals_behind and time.monotonic() < deadline and not self._stopped:
             await asyncio.sleep(0.1)
         return not self.journals_behind
 

@@ -14,6 +14,7 @@ import msgspec
 
 from agents.artifacts.reassign import ReassignRefused, plan_reassign
 from agents.artifacts.verify import VerifyError
+from agents.engine.reassigned import reassign_id
 from agents.rpc.campaign import move_id
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, RpcError
 from agents.rundir.control import audit
@@ -36,6 +37,12 @@ def reassign_params(p: dict[str, Any]) -> tuple[str, str, str, str]:
         names.append(value)
     if names[0] == names[1]:
         raise RpcError(INVALID_PARAMS, f"reassign: node and to are both {names[0]!r}")
+    want = reassign_id(parse_shard(shard, "reassign: shard").tag)
+    if id_ != want:
+        # One id per shard: a retry finds its record, and the shard's node, cut off and still
+        # running, looks for exactly this one before every put (the uploader's fence).
+        raise RpcError(INVALID_PARAMS, f"reassign: the id of shard {shard}'s reassign is "
+                       f"{want!r}, not {id_!r}")
     return id_, shard, names[0], names[1]
 
 

@@ -244,3 +244,9 @@ def test_verify_union_is_read_only_and_checks_its_params(tmp_path: Path) -> None
     assert "must be a whole number >= 1" in got.by_id(1)["error"]["message"]
     assert "no [s3] in run.toml" in got.by_id(2)["error"]["message"]
     assert "read-only session" in got.by_id(3)["error"]["message"]
+    # One id per shard (what a cut-off node's uploader looks for), and two distinct nodes.
+    got = serve(run_dir, request(1, "reassign", id="r", shard="1/2", node="a", to="b"),
+                request(2, "reassign", id="reassign-s01of02", shard="1/2", node="a", to="a"))
+    assert "the id of shard 1/2's reassign is 'reassign-s01of02', not 'r'" in \
+        got.by_id(1)["error"]["message"]
+    assert "node and to are both 'a'" in got.by_id(2)["error"]["message"]
