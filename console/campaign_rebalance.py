@@ -114,6 +114,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what waits, and why
     loads: dict[str, Load] = field(default_factory=dict)
     answered: bool = False  # every node's figures are known
+    waiting: int = 0  # cedes nobody adopted that this round cannot finish (see notes)
 
     @property
     def empty(self) -> bool:
@@ -209,24 +210,25 @@ def plan(fleet: Fleet, campaign: Campaign, members: Sequence[Member], now_ms: in
         if to is not None and to not in loads:
             # Only the node the move was for may adopt it (it may have, unseen).
             out.notes.append(waits + f"{to}, the node it was for, did not answer")
+            out.waiting += 1
             continue
         if to is not None and loads[to].leaving:
-            # decommission-check refuses a node a cede waits for; this one passed before it.
-            out.notes.append(waits + f"{to}, the node it was for, passed decommission-check "
-                             f"and takes no work: check {to} again (it fails while this "
-                             "waits), resume it, and rebalance")
-            continue
+            # It passed decommission-check: what it says (or said, given back) has no adopt
+            # of this cede, and it takes no work. Another node finishes the move.
+            to = None
         if to is None:
             if silent:
                 # A node that did not answer may hold its adopt: elsewhere it could be sent
                 # twice.
                 out.notes.append(waits + f"{', '.join(silent)} did not answer and may have "
                                  "adopted it")
+                out.waiting += 1
                 continue
             open_ = [x for x in loads.values() if x.status in TAKES and not x.leaving]
             takers = [x for x in open_ if x.node != c.node] or open_
             if not takers:
                 out.notes.append(waits + "no node is running or done to adopt it")
+                out.waiting += 1
                 continue
             to = min(takers, key=lambda x: (x.left, -(x.rate or 0.0), x.node)).node
         out.readopts.append(Readopt(c.id, c.node, c.count, to))
@@ -364,7 +366,7 @@ async def carry_out(p: Plan, call: Call, say_done: Say, say_why: Say) -> Outcome
 
 def all_done(p: Plan) -> bool:
     """Every node done with nothing left, and no cede waiting for an adopter."""
-    return p.answered and not p.readopts and all(
+    return p.answered and not p.readopts and not p.waiting and all(
         x.status == "done" and x.left == 0 for x in p.loads.values())
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from agents.rpc.protocol import RpcError
 from agents.rundir.shard import parse_shard
 from console.fleet import Campaign, Fleet, Node
-from console.given_back import read_record, when
+from console.given_back import judged, when
 from console.headless import (
     EXIT_CHECK,
     EXIT_OK,
@@ -148,7 +148,8 @@ async def verify_campaign(fleet: Fleet, campaign: Campaign, accept_new: bool,
                                 f"(record {rec.get('id')}): its own verify does not count; "
                                 "its batches in S3 count in the union")
     for v in result.nodes:
-        gone = read_record(fleet.pull_dir, v.node) if v.unreachable is not None else None
+        gone = judged(fleet.pull_dir, v.node, "unreachable", None) \
+            if v.unreachable is not None else None
         if gone is not None and v.reassigned is None:
             v.given_back = (f"given back after a passing decommission-check at {when(gone)}: "
                             "its shard is judged by the union in S3")

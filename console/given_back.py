@@ -59,11 +59,17 @@ def read_record(pull_dir: Path, node: str) -> GivenBack | None:
     return rec if rec.node == node else None
 
 
+ACTIVE = ("starting", "running", "paused", "draining")
+# A link that says the node is not there (its figures, if any, are the last it sent).
+DOWN = ("unreachable", "reconnecting", "connecting")
+
+
 def holds(rec: GivenBack, live: Snapshot | None) -> bool:
-    """Whether what the node says now is still the run that passed, with nothing more to do."""
+    """Whether what the node says now is still the run that passed, finished, with nothing
+    more to do (None: it says nothing)."""
     if live is None:
         return True
-    if live.run != rec.run:
+    if live.run != rec.run or live.status in ACTIVE:
         return False
     now, then = live.progress, rec.snapshot.progress
     return now is None or then is None or now.total <= then.total
@@ -73,16 +79,31 @@ def when(rec: GivenBack) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.checked_at))
 
 
+def judged(pull_dir: Path, node: str, link: str, live: Snapshot | None) -> GivenBack | None:
+    """The pass that still speaks for `node`, or None. A node that answers with a snapshot
+    the pass does not hold for (another run, working again, more to do) voids it: the record
+    is removed, so a later outage of that node is an outage, not a node given back."""
+    rec = read_record(pull_dir, node)
+    if rec is None:
+        return None
+    if link in DOWN:
+        return rec
+    if link == "connected" and live is not None and not holds(rec, live):
+        record_path(pull_dir, node).unlink(missing_ok=True)
+        return None
+    return rec
+
+
 def with_given_back(fleet: Fleet, members: list[Member]) -> list[Member]:
-    """`members` with what the console's records say: a node that does not answer and passed
-    decommission-check shows as given back, with its figures then; one that answers and
-    passed is marked leaving (it takes no work)."""
+    """`members` with what the console's records say: a node whose link is down and that
+    passed decommission-check shows as given back, with its figures then; one that answers
+    and passed is marked leaving (it takes no work)."""
     out = []
     for m in members:
-        rec = read_record(fleet.pull_dir, m.node)
-        if rec is None or not holds(rec, m.snapshot):
+        rec = judged(fleet.pull_dir, m.node, m.link, m.snapshot)
+        if rec is None:
             out.append(m)
-        elif m.snapshot is None:
+        elif m.link in DOWN:
             # Its figures then; its alerts then are not news (an idle-GPU one least of all).
             then = msgspec.structs.replace(rec.snapshot, alerts=[])
             out.append(Member(m.node, LINK, then,
@@ -93,5 +114,5 @@ def with_given_back(fleet: Fleet, members: list[Member]) -> list[Member]:
     return out
 
 
-__all__ = ["LINK", "RECORD", "GivenBack", "holds", "read_record", "record_path", "when",
-           "with_given_back", "write_record"]
+__all__ = ["DOWN", "LINK", "RECORD", "GivenBack", "holds", "judged", "read_record",
+           "record_path", "when", "with_given_back", "write_record"]

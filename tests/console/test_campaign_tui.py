@@ -164,6 +164,8 @@ async def test_a_node_given_back_shows_as_given_back_and_its_shard_still_counts(
             shard="0/2", campaign="qwen-all", completed=400_000, total=456_893)))
         app.state.set_link("gen-1", "connected", None)
         app.state.nodes["gen-1"].received_at = d.NOW - 1
+        # It answered once (the TUI keeps the last snapshot of a lost link), then went.
+        app.ingest("gen-2", gen2)
         app.state.set_link("gen-2", "unreachable", "connection refused")
         app.redraw()
         await until(pilot, lambda: "└ gen-2" in screen_text(app), 10, "gen-2's row")

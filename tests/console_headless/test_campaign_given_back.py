@@ -17,7 +17,7 @@ import msgspec
 
 from agents.rundir.schema import Snapshot
 from console.campaign import Member
-from console.campaign_rebalance import move_id, plan
+from console.campaign_rebalance import Readopt, all_done, move_id, plan
 from console.fleet import Campaign, Fleet, Node
 from console.given_back import (
     LINK,
@@ -44,6 +44,10 @@ def snapshot(run: str = "traces", status: str = "done", total: int = 100,
          "since": d.NOW, "actions": ["pull", "decommission"]}])
 
 
+def busy_snap() -> Snapshot:
+    return msgspec.convert(snapshot(total=130, completed=100, status="running"), Snapshot)
+
+
 def fleet_of(tmp_path: Path) -> tuple[Fleet, Campaign]:
     names = ["gen-0", "gen-1"]
     c = Campaign("traces", names)
@@ -62,17 +66,33 @@ def test_a_kept_pass_holds_until_the_node_has_more_to_do(tmp_path: Path) -> None
     assert holds(rec, None)  # gone: the pass is all that is known
     live = msgspec.convert(snapshot(), Snapshot)
     assert holds(rec, live)
-    assert not holds(rec, msgspec.convert(snapshot(total=130, status="running"), Snapshot))
+    assert not holds(rec, busy_snap())
+    assert not holds(rec, msgspec.convert(snapshot(total=130), Snapshot))  # adopted more
+    assert not holds(rec, msgspec.convert(snapshot(status="paused"), Snapshot))
     assert not holds(rec, msgspec.convert(snapshot(run="other"), Snapshot))
-    # Silent: given back, its figures then, without its alerts then. Answering: leaving.
-    silent = with_given_back(fleet, [Member("gen-1", "unreachable", None, "refused")])
-    (m,) = silent
-    assert (m.link, m.leaving) == (LINK, True) and m.snapshot is not None
-    assert m.snapshot.alerts == [] and "passed decommission-check at" in (m.error or "")
+    # Down: given back, its figures then (not the last it sent), without its alerts then.
+    # Answering with the run that passed: leaving.
+    for m in with_given_back(fleet, [Member("gen-1", "unreachable", None, "refused"),
+                                     Member("gen-1", "reconnecting", busy_snap())]):
+        assert (m.link, m.leaving) == (LINK, True) and m.snapshot is not None
+        assert m.snapshot.status == "done" and m.snapshot.alerts == []
+        assert "passed decommission-check at" in (m.error or "")
     (m,) = with_given_back(fleet, [Member("gen-1", "connected", live)])
     assert (m.link, m.leaving) == ("connected", True)
-    busy = msgspec.convert(snapshot(total=130, status="running"), Snapshot)
-    assert with_given_back(fleet, [Member("gen-1", "connected", busy)])[0].leaving is False
+    # A node that answers is never given back (an RPC error, an unreadable snapshot): its
+    # own word stands; having passed, it is leaving.
+    for odd in (Member("gen-1", "error", None, "refused"),
+                Member("gen-1", "connected", None, "unreadable snapshot")):
+        (m,) = with_given_back(fleet, [odd])
+        assert (m.link, m.snapshot, m.error, m.leaving) == (odd.link, None, odd.error, True)
+    # Working again (resumed, launched anew, adopted more): the pass is void and removed, so a
+    # later outage is an outage.
+    assert with_given_back(fleet, [Member("gen-1", "connected", busy_snap())])[0].leaving is \
+        False
+    assert read_record(fleet.pull_dir, "gen-1") is None
+    (m,) = with_given_back(fleet, [Member("gen-1", "unreachable", None, "refused")])
+    assert (m.link, m.snapshot) == ("unreachable", None)
+    path = write_record(fleet.pull_dir, "gen-1", snapshot())
     # A record that does not parse, or names another node, proves nothing.
     record_path(fleet.pull_dir, "gen-0").parent.mkdir(parents=True)
     record_path(fleet.pull_dir, "gen-0").write_text('{"node": "gen-0"')
@@ -88,14 +108,23 @@ def test_a_leaving_node_takes_no_work_and_a_cede_meant_for_it_waits(tmp_path: Pa
     assert [m.idle for m in plan(fleet, c, [slow, idle], 1, 10).moves] == ["gen-1"]
     leaving = replace(idle, leaving=True)
     assert plan(fleet, c, [slow, leaving], 1, 10).empty
-    # A cede of a move meant for it stays unadopted: it may not take it, nor may another
-    # node (it may hold the adopt).
+    # A cede of a move meant for it: it never adopted it (its status says so) and takes no
+    # work, so another node finishes the move (here the only other one: the ceder).
     rb = move_id(c, "gen-0", "gen-1", 5)
     ceded = member("gen-0", "0/2", total=1000, completed=100, rate=1.0, cedes=((rb, 40),))
     p = plan(fleet, c, [ceded, leaving], 1, 10)
-    assert p.readopts == [] and p.moves == []
-    assert any(n.startswith(f"cede {rb} of gen-0 (40 indices) waits") and
-               "gen-1, the node it was for, passed decommission-check" in n for n in p.notes)
+    assert p.readopts == [Readopt(rb, "gen-0", 40, "gen-0")] and p.moves == []
+    # A cede nobody can adopt keeps --auto going: not every node is done while it waits.
+    c3 = Campaign("traces", ["gen-0", "gen-1", "gen-2"])
+    fleet3 = Fleet(nodes=[Node(name=f"gen-{i}", run_dir=f"/r/{i}", local=True)
+                          for i in range(3)], campaigns=[c3], source="fleet.toml")
+    rb3 = move_id(c3, "gen-0", "gen-2", 5)
+    finished = member("gen-0", "0/3", status="done", total=1000, completed=960,
+                      cedes=((rb3, 40),))
+    quiet = [finished, member("gen-1", "1/3", status="done", total=1000, completed=1000),
+             Member("gen-2", "unreachable", None, "refused")]
+    p = plan(fleet3, c3, quiet, 1, 10)
+    assert p.waiting == 1 and not all_done(p)
 
 
 def test_a_node_given_back_early_leaves_the_campaign_whole(

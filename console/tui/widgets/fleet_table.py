@@ -9,8 +9,8 @@ from rich.text import Text
 from textual.theme import Theme
 
 from console.campaign import Rollup, from_state
+from console.given_back import DOWN, judged
 from console.given_back import LINK as GIVEN_BACK
-from console.given_back import read_record
 from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
@@ -28,7 +28,7 @@ def contact(ns: NodeState, now: float, theme: Theme, given_back: bool = False) -
     """The link's state and the age of the last snapshot: `1 s`, `reconnecting 12 s`; a node
     that passed decommission-check and no longer answers: `given back`."""
     age = ns.age_s(now)
-    if given_back and ns.link != "connected":
+    if given_back:
         return toned(GIVEN_BACK, theme, "muted")
     if ns.link == "connected":
         text = f.age(age) if age is not None else "connected"
@@ -128,9 +128,9 @@ class FleetTable(LiveTable):
             for name in c.nodes:
                 if name in state.nodes:
                     ns = state.nodes[name]
-                    rec = read_record(state.fleet.pull_dir, name) \
-                        if ns.link != "connected" else None
-                    rows[name] = fleet_row(ns, now, theme, c.shard(name), rec is not None)
+                    gone = ns.link in DOWN and judged(state.fleet.pull_dir, name, ns.link,
+                                                      ns.snapshot) is not None
+                    rows[name] = fleet_row(ns, now, theme, c.shard(name), gone)
         for name, ns in state.nodes.items():
             if name not in rows:
                 rows[name] = fleet_row(ns, now, theme)
