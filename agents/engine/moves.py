@@ -20,8 +20,9 @@ from agents.engine.ownership import (
     expand,
     pick_for_cede,
 )
+from agents.engine.reassigned import reassign_id, reassign_key
 from agents.engine.store import BatchStore
-from agents.engine.uploader import make_s3_client, put_journals
+from agents.engine.uploader import check_fence, make_s3_client, put_journals
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import pin_decoder
 from agents.rundir.spec import RunSpec, load_run_spec
@@ -50,14 +51,17 @@ def _total(run_dir: Path) -> int:
 
 
 def _upload(spec: RunSpec, run_dir: Path) -> str | None:
-    """The journals to S3 now; the reason when that failed (the next engine uploads them)."""
+    """The journals to S3 now; the reason when that failed (the next engine uploads them), or
+    when the shard was reassigned (fenced, as the engine's uploads are: they stay on disk)."""
     shard = spec.shard
     if spec.s3 is None or shard is None:
         return None
     try:
-        put_journals(make_s3_client(spec.s3, timeout_s=10), spec.s3, shard.tag,
+        client = make_s3_client(spec.s3, timeout_s=10)
+        check_fence(client, spec.s3.bucket, reassign_key(spec.s3, reassign_id(shard.tag)))
+        put_journals(client, spec.s3, shard.tag,
                      [run_dir / "failures.jsonl", run_dir / "ownership.jsonl"])
-    except Exception as exc:  # S3 down: journaled on disk all the same
+    except Exception as exc:  # S3 down, or fenced: journaled on disk all the same
         return f"{type(exc).__name__}: {exc}"
     return None
 

@@ -98,6 +98,22 @@ class Pending:
     sha256: str | None = None
 
 
+def check_fence(client: Any, bucket: str, key: str) -> None:
+    """Fenced when `key` (a shard's reassign record) exists; botocore's error when S3 cannot
+    say (nothing goes up until it can)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) in ("404", "NoSuchKey",
+                                                                  "NotFound"):
+            return
+        raise
+    raise Fenced(f"s3://{bucket}/{key} exists: this shard was reassigned; nothing more of it "
+                 "goes to S3")
+
+
 class Uploader:
     def __init__(self, spec: S3Section, run_dir: Path) -> None:
         self.spec = spec
@@ -162,19 +178,8 @@ class Uploader:
         self._on_fenced = on_fenced
 
     def _check_fence(self) -> None:
-        if self._fence_key is None:
-            return
-        from botocore.exceptions import ClientError
-
-        try:
-            self._client.head_object(Bucket=self.spec.bucket, Key=self._fence_key)
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("404", "NoSuchKey", "NotFound"):
-                return
-            raise  # cannot tell: nothing goes up until it can
-        raise Fenced(f"s3://{self.spec.bucket}/{self._fence_key} exists: this shard was "
-                     "reassigned; nothing more of it goes to S3")
+        if self._fence_key is not None:
+            check_fence(self._client, self.spec.bucket, self._fence_key)
 
     def _fenced(self, exc: Fenced) -> None:
         if self._stopped:

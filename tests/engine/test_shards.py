@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import ClientError
 
+from agents.engine.moves import cede_offline
 from agents.engine.ownership import Ownership, adopt_event, cede_event, expand, to_ranges
 from agents.rundir.batchnames import ANY, batch_name, in_shard, parse_batch_name
 from agents.rundir.shard import Shard, parse_shard, partition_problem
@@ -159,7 +161,8 @@ def test_a_refused_resume_says_failed_not_the_last_engines_status(tmp_path: Path
     ("600", 5),  # no check for ten minutes: the uploader's look before its next put does
 ])
 def test_a_running_shard_stops_when_it_is_reassigned(tmp_path: Path, sims, s3: S3Server,
-                                                     check_s: str, batch_size: int) -> None:
+                                                     check_s: str, batch_size: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A node cut off from the console (a network split) and reassigned while it runs stops
     at its next check, or at its next put to S3 (which looks for the record first): it sends
     and uploads nothing more, and says why."""
@@ -195,3 +198,20 @@ def test_a_running_shard_stops_when_it_is_reassigned(tmp_path: Path, sims, s3: S
     # At most the put already under way when the record landed finished after it.
     ups = [json.loads(x) for x in (engine.run_dir / "uploads.jsonl").read_text().splitlines()]
     assert sum(u["uploaded_at"] > said_at for u in ups) <= 1, ups
+    # Nor do its journals, after a move made with no engine running (fenced the same way):
+    # the cede is on disk, S3 keeps what it had.
+    key = "runs/test/journals/s00of02/ownership.jsonl"
+
+    def in_s3() -> bytes:
+        try:
+            return s3.client().get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+        except ClientError:
+            return b""
+
+    for k, v in s3.env().items():
+        monkeypatch.setenv(k, v)  # the agent's S3 keys, as on the node
+    before = in_s3()
+    ev, why = cede_offline(engine.run_dir, "late", 3)
+    assert ev.count == 3 and why is not None and "was reassigned" in why, why
+    assert b'"late"' in (engine.run_dir / "ownership.jsonl").read_bytes()
+    assert in_s3() == before
