@@ -4,8 +4,9 @@ node's status as it answered). A campaign node with that record that no longer a
 given back, not lost: `status CAMPAIGN` counts its shard with the figures it had when it
 passed, `rebalance --auto` ends when the others are done, and `verify CAMPAIGN` judges it by
 the union in S3. A node that passed is about to leave, so no move ever sends it work. A record
-stops holding once the node answers for another run, or with more to do than it had (it was
-launched again, or adopted work): then it is a node like any other."""
+stops holding (and is removed) once the node answers for another run, working again, or with
+more to do than it had (launched again, resumed, given work): then it is a node like any
+other."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import msgspec
 
 from agents.rundir.atomic import atomic_write
 from agents.rundir.schema import Snapshot
-from console.campaign import Member
+from console.campaign import LIVE, Member
 from console.fleet import Fleet
 
 RECORD = "decommission-check.json"
@@ -59,7 +60,6 @@ def read_record(pull_dir: Path, node: str) -> GivenBack | None:
     return rec if rec.node == node else None
 
 
-ACTIVE = ("starting", "running", "paused", "draining")
 # A link that says the node is not there (its figures, if any, are the last it sent).
 DOWN = ("unreachable", "reconnecting", "connecting")
 
@@ -69,7 +69,7 @@ def holds(rec: GivenBack, live: Snapshot | None) -> bool:
     more to do (None: it says nothing)."""
     if live is None:
         return True
-    if live.run != rec.run or live.status in ACTIVE:
+    if live.run != rec.run or live.status in LIVE:
         return False
     now, then = live.progress, rec.snapshot.progress
     return now is None or then is None or now.total <= then.total

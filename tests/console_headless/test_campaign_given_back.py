@@ -29,7 +29,12 @@ from console.given_back import (
 )
 from tests.console import data as d
 from tests.console_headless.test_campaign_rebalance import member
-from tests.console_headless.test_campaign_union import campaign, done, progress
+from tests.console_headless.test_campaign_union import (
+    campaign,
+    done,
+    launch_until_gen1_done,
+    progress,
+)
 from tests.servers.ports import free_ports
 from tests.servers.s3 import S3Server
 from tests.servers.sshd import SshServer
@@ -133,9 +138,7 @@ def test_a_node_given_back_early_leaves_the_campaign_whole(
                      prompts=120)
     one, two = nodes.run_dirs["gen-1"], nodes.run_dirs["gen-2"]
     try:
-        r = nodes.fd("launch", "traces", "--yes")
-        assert r.returncode == 0, r.stdout + r.stderr
-        progress(one, done, 90, "gen-1 done")
+        launch_until_gen1_done(nodes)
         progress(two, lambda p: p["status"] == "running" and p["completed"] < 60, 30,
                  "gen-2 still running")
         assert nodes.fd("pull", "gen-1").returncode == 0

@@ -97,6 +97,13 @@ def done(p: dict[str, Any], completed: int | None = None) -> bool:
     return p["status"] == "done" and (completed is None or p["completed"] == completed)
 
 
+def launch_until_gen1_done(nodes: Nodes) -> None:
+    """`launch traces --yes`, then back once gen-1 (the fast node) is done."""
+    r = nodes.fd("launch", "traces", "--yes")
+    assert r.returncode == 0, r.stdout + r.stderr
+    progress(nodes.run_dirs["gen-1"], done, 90, "gen-1 done")
+
+
 def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with(
         tmp_path: Path, sshd: SshServer, sims: Any, s3: S3Server,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,9 +112,7 @@ def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with
                      prompts=200)
     one, two = nodes.run_dirs["gen-1"], nodes.run_dirs["gen-2"]
     try:
-        r = nodes.fd("launch", "traces", "--yes")
-        assert r.returncode == 0, r.stdout + r.stderr
-        progress(one, done, 90, "gen-1 done")
+        launch_until_gen1_done(nodes)
         progress(two, lambda p: p["s3_uploaded"] >= 1, 60, "a batch of gen-2's in S3")
         assert nodes.fd("pause", "gen-2").returncode == 0
         progress(two, lambda p: p["status"] == "paused" and p["in_flight"] == 0, 60,
