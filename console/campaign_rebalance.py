@@ -129,7 +129,7 @@ def load_of(member: Member) -> Load | None:
     rate: float | None = p.rate_per_sec if p.rate_per_sec > 0 else None
     if rate is None and p.completed > 0 and p.elapsed_hours > 0:
         # A finished run's mean. A resumed engine's is high (completed counts every engine,
-        # elapsed this one): it gives less, and never bounces work back.
+        # elapsed this one): it gives less, and hardly ever bounces work back.
         rate = p.completed / (p.elapsed_hours * 3600)
     warming = rate is None and p.elapsed_hours * 3600 < WARMUP_S
     left = max(0, p.total - p.completed - p.failed)
