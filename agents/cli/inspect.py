@@ -80,6 +80,7 @@ def status_bytes(run_dir: Path) -> bytes | None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """The snapshot from the live supervisor, or from the run directory when none runs."""
+    from agents.rundir.gpugroups import label as gpu_label
     from agents.rundir.schema import snapshot_decoder
 
     run_dir = args.run_dir.resolve()
@@ -105,7 +106,9 @@ def cmd_status(args: argparse.Namespace) -> int:
               + (f" - {p.s3_error}" if p.s3_error else ""))
     for s in snap.servers:
         acc = f"{s.accept_length:.2f}" if s.accept_length is not None else "-"
-        print(f"  server {s.number} {s.state:10} {s.in_flight}/{s.limit} in flight, "
+        group = s.gpu_group
+        on = f" (GPU {gpu_label(group)})" if group else ""
+        print(f"  server {s.number}{on} {s.state:10} {s.in_flight}/{s.limit} in flight, "
               f"{s.completed} done, {s.failed} failed, {s.req_per_s:.2f} req/s, "
               f"{s.tok_per_s:.0f} tok/s, accept {acc}, restarts {s.restarts}")
     for a in snap.alerts:

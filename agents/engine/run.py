@@ -173,7 +173,9 @@ class Engine:
             progress_raw = (self.run_dir / "progress.json").read_bytes()
         except FileNotFoundError:
             pass
-        self.meter = Meter(Totals.from_progress(progress_raw), gpus=len(self.urls),
+        # GPUs paid for: a server on a group of GPUs holds every one of them.
+        gpus = self.spec.servers.gpu_count or len(self.urls)
+        self.meter = Meter(Totals.from_progress(progress_raw), gpus=gpus,
                            cost_per_gpu_hour=self.spec.run.cost_per_gpu_hour)
         bad: str | None
         try:

@@ -5,9 +5,11 @@ The console imports this module; it must stay free of I/O and of heavy imports.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+from agents.rundir.gpugroups import MAX_GROUP
 
 SCHEMA_VERSION = 1
 
@@ -356,11 +358,19 @@ class GpuStats(msgspec.Struct):
     power_w: float | None = None
 
 
+# A server's GPUs as a node may send them: ids 0 or more, at most MAX_GROUP, at least one.
+GpuGroup = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
+                     msgspec.Meta(min_length=1, max_length=MAX_GROUP)]
+
+
 class ServerStatus(msgspec.Struct):
     number: int
     url: str
     state: ServerState
-    gpu: int | None = None
+    gpu: int | None = None  # the first of `gpus` (kept for snapshots from before groups)
+    # Every GPU the server spans, in its device order (CUDA_VISIBLE_DEVICES); None for a
+    # server started elsewhere and in snapshots from before groups (then `gpu` alone).
+    gpus: GpuGroup | None = None
     port: int | None = None
     pid: int | None = None
     restarts: int = 0
@@ -383,7 +393,16 @@ class ServerStatus(msgspec.Struct):
     last_error: str | None = None
     health_checked_at: float | None = None
     metrics_at: float | None = None
+    # NVML figures of the server's GPUs together: memory and power summed, utilisation the
+    # mean, temperature the hottest (agents/supervise/snapshot.py Nvml.stats).
     gpu_stats: GpuStats | None = None
+
+    @property
+    def gpu_group(self) -> list[int] | None:
+        """The server's GPUs: `gpus`, or `[gpu]` from a snapshot that has only that."""
+        if self.gpus is not None:
+            return self.gpus
+        return [self.gpu] if self.gpu is not None else None
 
 
 class DiskStatus(msgspec.Struct):

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agents.rundir.gpugroups import GpusSpec, gpus_problem, groups
 from agents.rundir.shard import Shard, parse_shard
 
 # Where `concurrency_per_server = "auto"` starts: low, so that a server whose knee is low is
@@ -26,7 +27,8 @@ class RunSection(msgspec.Struct, forbid_unknown_fields=True):
     kind: Literal["generate", "train"] = "generate"
     dir: str | None = None
     # Dollars per GPU-hour: with it, progress.json carries $ so far, $ per million output
-    # tokens and the projected total. GPUs: one per [servers] gpus entry (or url).
+    # tokens and the projected total. GPUs: every GPU of [servers] gpus (a server on a group
+    # of two counts two), or one per url.
     cost_per_gpu_hour: float | None = None
     # The campaign this node's run belongs to (set by `fleetdeck launch CAMPAIGN`); shown.
     campaign: str | None = None
@@ -38,7 +40,9 @@ class ServersSection(msgspec.Struct, forbid_unknown_fields=True):
     # it as one server whose concurrency is the router's as a whole, and the supervisor lists
     # its workers (GET /workers) and watches each one (agents/supervise/router.py).
     router: bool = False
-    gpus: list[int] | None = None
+    # One server per entry: a GPU id (gpus = [0, 1]) or a group of GPUs the server spans
+    # (gpus = [[0, 1], [2, 3]]: CUDA_VISIBLE_DEVICES="0,1", {tp} = 2). agents/rundir/gpugroups.py.
+    gpus: GpusSpec | None = None
     base_port: int = 30000
     model: str | None = None
     command: str | None = None
@@ -59,6 +63,16 @@ class ServersSection(msgspec.Struct, forbid_unknown_fields=True):
     hung_restart_s: float = 300.0
     restart_backoff_s: float = 5.0
     max_restarts: int = 10
+
+    @property
+    def groups(self) -> list[list[int]]:
+        """The GPUs of each server the supervisor launches, in order (none with urls)."""
+        return groups(self.gpus)
+
+    @property
+    def gpu_count(self) -> int:
+        """Every GPU the launched servers hold."""
+        return sum(len(g) for g in self.groups)
 
 
 class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
@@ -301,7 +315,8 @@ def _check(spec: RunSpec, path: Path) -> None:
         if spec.servers.urls and spec.servers.gpus:
             fail("[servers]", "set urls or gpus, not both")
         if spec.servers.gpus and not spec.servers.command:
-            fail("[servers] command", "required with gpus (a template with {model} {port} {gpu})")
+            fail("[servers] command",
+                 "required with gpus (a template with {model} {port} and {gpu}, {gpus}, {tp})")
         for i, url in enumerate(spec.servers.urls or []):
             if not re.match(r"^https?://[^/\s]+", url):
                 fail(f"[servers] urls[{i}]", f"{url!r} is not an http(s) URL")
@@ -379,10 +394,11 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
     if not 1 <= sv.base_port <= 65535:
         fail("[servers] base_port", f"must be a port between 1 and 65535, got {sv.base_port}")
     if sv.gpus and sv.base_port + len(sv.gpus) - 1 > 65535:
-        fail("[servers] base_port", f"{sv.base_port} + {len(sv.gpus)} GPUs runs past port 65535")
-    for i, gpu in enumerate(sv.gpus or []):
-        if gpu < 0:
-            fail(f"[servers] gpus[{i}]", f"must not be negative, got {gpu}")
+        fail("[servers] base_port", f"{sv.base_port} + {len(sv.gpus)} servers runs past port "
+             "65535")
+    problem = gpus_problem(sv.gpus or [])
+    if problem is not None:
+        fail(*problem)
     for i, url in enumerate(sv.urls or []):
         try:
             urlsplit(url).port  # noqa: B018 - a port outside 0-65535 raises here

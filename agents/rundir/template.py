@@ -3,7 +3,10 @@
 The rendered command runs through /bin/sh (the launch script), so the template's own text may
 use the shell, while a substituted value never can: each is shell-quoted. A placeholder inside
 quotes would undo that quoting (`"{model}"` with a value `'$(x)'` runs x), so it is refused at
-load, as are unknown placeholders and lone braces (JSON in a command is written `{{ }}`)."""
+load, as are unknown placeholders and lone braces (JSON in a command is written `{{ }}`).
+
+Placeholders: {model}, {port}, and the server's GPUs: {gpus} (its group comma-joined, `0,1`,
+as in CUDA_VISIBLE_DEVICES), {tp} (how many: `--tp {tp}`) and {gpu} (the group's first)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import re
 import shlex
 import string
 
-PLACEHOLDERS = ("model", "port", "gpu")
+from agents.rundir.gpugroups import visible_devices
+
+PLACEHOLDERS = ("model", "port", "gpu", "gpus", "tp")
 _SHOWN = " ".join("{" + p + "}" for p in PLACEHOLDERS)
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -72,7 +77,9 @@ def _quoted_placeholder(template: str) -> str | None:
     return None
 
 
-def render(template: str, model: str, port: int, gpu: int) -> str:
-    """The command line for one server: every value shell-quoted."""
+def render(template: str, model: str, port: int, group: list[int]) -> str:
+    """The command line for the server on the GPUs `group`: every value shell-quoted."""
     return template.format(model=shlex.quote(model), port=shlex.quote(str(port)),
-                           gpu=shlex.quote(str(gpu)))
+                           gpu=shlex.quote(str(group[0])),
+                           gpus=shlex.quote(visible_devices(group)),
+                           tp=shlex.quote(str(len(group))))

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from agents.rundir.gpugroups import label
 from agents.rundir.schema import Alert, DiskStatus, Progress, ServerStatus
 from agents.rundir.spec import AlertsSection
 
@@ -32,13 +33,25 @@ class _Sample:
 IDLE_ACTIONS = ["pull", "decommission"]
 
 
-def gpus_held_idle(progress: Progress | None, servers: list[ServerStatus]) -> int:
-    """This node's own servers still up after its run ended (done or stopped); 0 while it
+def servers_held_idle(progress: Progress | None, servers: list[ServerStatus]
+                      ) -> list[ServerStatus]:
+    """This node's own servers still up after its run ended (done or stopped); none while it
     runs. Servers started elsewhere ([servers] urls: no pid here) are not ours to give back."""
     if progress is None or progress.status not in ("done", "stopped"):
-        return 0
-    return sum(1 for s in servers
-               if s.pid is not None and s.state in ("healthy", "degraded", "starting"))
+        return []
+    return [s for s in servers
+            if s.pid is not None and s.state in ("healthy", "degraded", "starting")]
+
+
+def gpus_held(servers: list[ServerStatus]) -> int:
+    """The GPUs these servers hold: a server on a group holds all of it."""
+    return sum(len(group) if (group := s.gpu_group) else 1 for s in servers)
+
+
+def where(s: ServerStatus) -> str:
+    """`GPU 0-1` for a server the supervisor launched, its URL for one started elsewhere."""
+    group = s.gpu_group
+    return f"GPU {label(group)}" if group else s.url
 
 
 def truncation_at_limit(first: _Sample, progress: Progress) -> tuple[float, int] | None:
@@ -105,8 +118,9 @@ class AlertBook:
         def alert(code: str, severity: str, message: str, server: int | None = None) -> None:
             raised[code] = (severity, message, server)
 
-        gpus = gpus_held_idle(progress, servers)
-        if not gpus or progress is None:
+        held = servers_held_idle(progress, servers)
+        gpus = gpus_held(held)
+        if not held or progress is None:
             self._idle_from = None
         elif self._idle_from is None:
             # A live engine stamps every snapshot now; one read from disk says when it ended.
@@ -120,13 +134,13 @@ class AlertBook:
             status = progress.status if progress is not None else "over"
             alert("idle", "warning",
                   f"GPUs idle on {self.host} — pull and decommission (the run has been "
-                  f"{status} for {(now - ended) / 60:.0f} min; {gpus} server(s) still up"
-                  f"{cost})")
+                  f"{status} for {(now - ended) / 60:.0f} min; {len(held)} server(s)"
+                  + (f" on {gpus} GPUs" if gpus != len(held) else "") + f" still up{cost})")
 
         for s in servers:
             if s.state in ("down", "restarting"):
                 alert(f"server_down:{s.number}", "critical",
-                      f"server {s.number} ({f'GPU {s.gpu}' if s.gpu is not None else s.url}) "
+                      f"server {s.number} ({where(s)}) "
                       f"is {s.state}"
                       + (f": {s.last_error}" if s.last_error else ""), s.number)
             cap = s.effective_max_running

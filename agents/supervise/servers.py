@@ -1,9 +1,12 @@
-"""The SGLang servers of a run: launched one per GPU from the spec's command template, watched
-(liveness, health, figures), restarted with backoff, and adopted by a new supervisor.
+"""The SGLang servers of a run: launched one per GPU group of `[servers] gpus` (one GPU each
+for a flat list) from the spec's command template, watched (liveness, health, figures),
+restarted with backoff, and adopted by a new supervisor.
 
 Each server runs in a session of its own with its output going straight to a log file, so a
-supervisor's death neither kills nor blinds it. servers.json records pid, process start time
-and port: a new supervisor adopts a server only when all three match and it answers.
+supervisor's death neither kills nor blinds it. servers.json records pid, process start time,
+port and GPUs: a new supervisor adopts a server only when all four match and it answers.
+Its files are named by the group's first GPU (launch_gpu0.sh, sglang_gpu0.log for GPUs 0,1):
+no two groups share a GPU, and a flat list keeps the names it always had.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import httpx
 import msgspec
 
 from agents.rundir.atomic import atomic_write
+from agents.rundir.gpugroups import label, visible_devices
 from agents.rundir.secrets import secret_env_names
 from agents.rundir.spec import RunSpec
 from agents.rundir.template import render
@@ -72,18 +76,24 @@ async def fetch_server_info(client: httpx.AsyncClient, url: str, paths: list[str
 
 class ServerRecord(msgspec.Struct):
     number: int
-    gpu: int
+    gpu: int  # the group's first GPU
     port: int
     pid: int | None
     start_ticks: int | None
     started_at: float | None
     restarts: int = 0
+    # Every GPU of the server; missing from a record written before groups (then [gpu]).
+    gpus: list[int] | None = None
+
+    @property
+    def group(self) -> list[int]:
+        return self.gpus if self.gpus is not None else [self.gpu]
 
 
 @dataclass(slots=True)
 class ManagedServer:
     number: int
-    gpu: int
+    gpus: list[int]  # in the server's device order; the first is `gpu`
     port: int
     pid: int | None = None
     start_ticks: int | None = None
@@ -105,12 +115,16 @@ class ManagedServer:
     figures: ServerFigures = field(default_factory=ServerFigures)
 
     @property
+    def gpu(self) -> int:
+        return self.gpus[0]
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def record(self) -> ServerRecord:
         return ServerRecord(self.number, self.gpu, self.port, self.pid, self.start_ticks,
-                            self.started_at, self.restarts)
+                            self.started_at, self.restarts, gpus=list(self.gpus))
 
     def process_alive(self) -> bool:
         if self.pid is None:
@@ -129,9 +143,8 @@ class ServerSet:
         self.run_dir = run_dir
         self.on_state = on_state
         self.on_figures = on_figures
-        gpus = self.cfg.gpus or []
-        self.servers = [ManagedServer(number=i, gpu=g, port=self.cfg.base_port + i)
-                        for i, g in enumerate(gpus)]
+        self.servers = [ManagedServer(number=i, gpus=g, port=self.cfg.base_port + i)
+                        for i, g in enumerate(self.cfg.groups)]
         self.closed = False
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.health_timeout_s,
                                                                connect=5.0))
@@ -159,18 +172,21 @@ class ServerSet:
     def command_for(self, server: ManagedServer) -> str:
         """The command line for one server, every substituted value shell-quoted (the
         template itself was checked at spec load: known placeholders, none inside quotes)."""
-        return render(self.cfg.command or "", self.cfg.model or "", server.port, server.gpu)
+        return render(self.cfg.command or "", self.cfg.model or "", server.port, server.gpus)
 
     def launch(self, server: ManagedServer) -> None:
         """Start the server: a launch script with the exact command and environment, output
-        appended to logs/sglang_gpu{N}.log, its own session (process group)."""
+        appended to logs/sglang_gpu{G}.log (G: its first GPU), its own session (process
+        group)."""
         (self.run_dir / "launch").mkdir(exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        env = {"CUDA_VISIBLE_DEVICES": str(server.gpu), **self.cfg.env}
+        env = {"CUDA_VISIBLE_DEVICES": visible_devices(server.gpus), **self.cfg.env}
         hidden = set(secret_env_names(env, self.cfg.secret_env))
         script = self.run_dir / "launch" / f"launch_gpu{server.gpu}.sh"
-        lines = ["#!/bin/sh", f"# fleetdeck: server {server.number} on GPU {server.gpu}, "
-                 f"port {server.port}", f"cd {shlex.quote(str(self.run_dir))}"]
+        lines = ["#!/bin/sh", f"# fleetdeck: server {server.number} on GPU "
+                 f"{visible_devices(server.gpus)} ({len(server.gpus)} GPU"
+                 f"{'s' if len(server.gpus) != 1 else ''}), port {server.port}",
+                 f"cd {shlex.quote(str(self.run_dir))}"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())
                   if k not in hidden]
         if hidden:
@@ -198,8 +214,8 @@ class ServerSet:
         server.figures = ServerFigures()
         self._set_state(server, "starting")
         self.save()
-        log.info("server %d launched on GPU %d, port %d, pid %d", server.number, server.gpu,
-                 server.port, proc.pid)
+        log.info("server %d launched on GPU %s, port %d, pid %d", server.number,
+                 label(server.gpus), server.port, proc.pid)
 
     async def _answers(self, server: ManagedServer) -> bool:
         try:
@@ -214,17 +230,24 @@ class ServerSet:
             rec = records.get(server.number)
             if rec is not None:
                 server.restarts = rec.restarts
-            if (rec is not None and rec.pid and rec.start_ticks and rec.port == server.port
+            if (rec is not None and rec.pid and rec.start_ticks
                     and same_process(rec.pid, rec.start_ticks)):
                 server.pid, server.start_ticks = rec.pid, rec.start_ticks
                 server.started_at = rec.started_at
-                if await self._answers(server):
+                moved = [f"{what} {was} (now {now})" for what, was, now in (
+                    ("port", rec.port, server.port),
+                    ("GPU", label(rec.group), label(server.gpus))) if was != now]
+                if not moved and await self._answers(server):
                     server.adopted = True
                     self._set_state(server, "healthy")
-                    log.info("server %d adopted (pid %d)", server.number, rec.pid)
+                    log.info("server %d adopted (pid %d, GPU %s)", server.number, rec.pid,
+                             label(server.gpus))
                     continue
-                log.warning("server %d (pid %d) is alive but does not answer: replacing it",
-                            server.number, rec.pid)
+                # Ours (pid and start ticks match) but not what the spec asks for now: it
+                # still holds its GPUs, so it goes before the new one starts on them.
+                log.warning("server %d (pid %d) %s: replacing it", server.number, rec.pid,
+                            f"runs on {', '.join(moved)}" if moved
+                            else "is alive but does not answer")
                 await self._terminate(server)
             elif rec is not None and rec.pid:
                 log.info("server %d: recorded pid %d is gone or is another process now: "
@@ -379,7 +402,7 @@ class ServerSet:
 
     def status_fields(self, server: ManagedServer) -> dict[str, Any]:
         return {
-            "gpu": server.gpu, "port": server.port, "pid": server.pid,
+            "gpu": server.gpu, "gpus": list(server.gpus), "port": server.port, "pid": server.pid,
             "restarts": server.restarts, "started_at": server.started_at,
             **figure_fields(server.figures),
             "health_checked_at": server.health_checked_at, "metrics_at": server.metrics_at,

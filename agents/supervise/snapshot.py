@@ -66,7 +66,8 @@ class DiskWatch:
 
 
 class Nvml:
-    """GPU figures from NVML when the library is there; None otherwise (never zeros)."""
+    """GPU figures from NVML when the library is there; None otherwise (never zeros). A server
+    on several GPUs gets the group's figures as one (group_stats)."""
 
     def __init__(self, ttl_s: float = 2.0) -> None:
         self.ttl_s = ttl_s
@@ -80,13 +81,18 @@ class Nvml:
         except Exception:
             self._nvml = None
 
-    def stats(self, gpu: int) -> GpuStats | None:
+    def stats(self, group: list[int]) -> GpuStats | None:
+        """The figures of a server's GPUs together; None without NVML or when one of them
+        could not be read (a sum over part of a group would pass for the whole)."""
         if self._nvml is None:
             return None
         now = time.monotonic()
         if self._cache is None or now - self._cache[0] > self.ttl_s:
             self._cache = (now, self._read_all())
-        return self._cache[1].get(gpu)
+        read = [self._cache[1].get(gpu) for gpu in group]
+        if not read or any(g is None for g in read):
+            return None
+        return group_stats([g for g in read if g is not None])
 
     def _read_all(self) -> dict[int, GpuStats]:
         n = self._nvml
@@ -109,6 +115,24 @@ class Nvml:
             except Exception:
                 continue
         return out
+
+
+def group_stats(each: list[GpuStats]) -> GpuStats:
+    """One server's GPUs as one: memory used and total summed (what the server holds), power
+    summed (what it draws), utilisation the mean (the GPUs of a TP group work in step, so
+    the mean is how busy the server is; a straggler shows in its own nvidia-smi), the
+    temperature the hottest (the one that throttles). A field unknown on any GPU is
+    unknown for the group."""
+    def known(field: str) -> list[float] | None:
+        values = [getattr(g, field) for g in each]
+        return None if any(v is None for v in values) else values
+
+    util, used, total = known("util_pct"), known("mem_used_mib"), known("mem_total_mib")
+    temp, power = known("temp_c"), known("power_w")
+    return GpuStats(
+        util_pct=sum(util) / len(util) if util else None,
+        mem_used_mib=sum(used) if used else None, mem_total_mib=sum(total) if total else None,
+        temp_c=max(temp) if temp else None, power_w=sum(power) if power else None)
 
 
 def read_progress(run_dir: Path) -> tuple[Progress | None, float | None]:
@@ -202,4 +226,4 @@ def from_disk(run_dir: Path, kind: str = "generate", name: str = "") -> Snapshot
     )
 
 
-__all__ = ["DiskWatch", "Nvml", "from_disk", "read_progress", "supervisor_pid"]
+__all__ = ["DiskWatch", "Nvml", "from_disk", "group_stats", "read_progress", "supervisor_pid"]

@@ -300,7 +300,7 @@ class Supervisor:
                 for key, value in self.servers.status_fields(m).items():
                     setattr(st, key, value)
                 st.last_error = m.last_error or st.last_error
-                st.gpu_stats = self.nvml.stats(m.gpu)
+                st.gpu_stats = self.nvml.stats(m.gpus)
             servers.append(st)
         if self.router is not None:
             if servers and self.router.last_error:

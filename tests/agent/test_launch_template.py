@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import httpx
+import pytest
 
+from agents.rundir.spec import RunSpec, load_spec
+from agents.rundir.template import render
 from tests.plugins.supervised import agent, wait_status
 
 EVIL = "$(touch PWNED)`touch PWNED2`;touch PWNED3"
@@ -59,3 +63,33 @@ def test_json_braces_in_the_command_are_refused_at_load_not_after_up(supervised)
     wait_status(run.run_dir, lambda s: s["status"] == "done", 60, "done")
     script = (run.run_dir / "launch" / "launch_gpu0.sh").read_text()
     assert """--attention-backend '{"a": 1}'""" in script
+
+
+def _loaded(tmp_path: Path, gpus: str, command: str) -> RunSpec:
+    (tmp_path / "p.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    spec = tmp_path / "run.toml"
+    spec.write_text(f'[run]\nname = "t"\n[servers]\ngpus = {gpus}\nmodel = "m"\n'
+                    f'command = {json.dumps(command)}\n[generate]\nprompts = "p.jsonl"\n')
+    return load_spec(spec)
+
+
+TP = "serve {model} --port {port} --tp {tp} --dp {tp} --base-gpu-id {gpu} --devices {gpus}"
+
+
+@pytest.mark.parametrize(("gpus", "want"), [
+    ("[[0, 1], [2, 3]]", ["--tp 2 --dp 2 --base-gpu-id 0 --devices 0,1",
+                          "--tp 2 --dp 2 --base-gpu-id 2 --devices 2,3"]),
+    ("[[0]]", ["--tp 1 --dp 1 --base-gpu-id 0 --devices 0"]),  # the real-SGLang check's spec
+    ("[4, 5]", ["--tp 1 --dp 1 --base-gpu-id 4 --devices 4",
+                "--tp 1 --dp 1 --base-gpu-id 5 --devices 5"]),
+    ("[[3, 1, 2], [0]]", ["--tp 3 --dp 3 --base-gpu-id 3 --devices 3,1,2",
+                          "--tp 1 --dp 1 --base-gpu-id 0 --devices 0"]),
+], ids=["two-groups-of-two", "group-of-one", "flat", "unequal-in-device-order"])
+def test_a_group_renders_as_gpus_tp_and_its_first_gpu(tmp_path: Path, gpus: str,
+                                                      want: list[str]) -> None:
+    spec = _loaded(tmp_path, gpus, TP)
+    rendered = [render(spec.servers.command or "", "m", 30000 + i, group)
+                for i, group in enumerate(spec.servers.groups)]
+    assert rendered == [f"serve m --port {30000 + i} {w}" for i, w in enumerate(want)]
+    # Each renders to what a shell splits into the same words: {gpus} is one argument.
+    assert shlex.split(rendered[0])[-1] == ",".join(map(str, spec.servers.groups[0]))

@@ -75,6 +75,27 @@ UP_ROWS = [
                  ["[servers] command", "{{"], id="command-lone-brace"),
     pytest.param({"env": {"PLAIN": "x"}, "secret_env": ["NOT_THERE"]},
                  ["[servers] secret_env", "NOT_THERE"], id="secret-env-unknown"),
+    # GPU groups (servers that span GPUs): each GPU belongs to one server, once.
+    pytest.param({"gpus": [[0, 1], []]}, ["[servers] gpus[1]", "empty group"],
+                 id="gpus-empty-group"),
+    pytest.param({"gpus": [[0, 1], [1, 2]]}, ["[servers] gpus[1][0]", "GPU 1", "twice"],
+                 id="gpus-one-gpu-in-two-groups"),
+    pytest.param({"gpus": [[0, 0]]}, ["[servers] gpus[0][1]", "GPU 0", "twice"],
+                 id="gpus-duplicate-in-a-group"),
+    pytest.param({"gpus": [0, 1, 0]}, ["[servers] gpus[2]", "GPU 0", "twice"],
+                 id="gpus-duplicate-flat"),
+    pytest.param({"gpus": [[0, 1], 2]}, ["[servers] gpus[1]", "mixes GPU ids and groups"],
+                 id="gpus-mixed-ids-and-groups"),
+    pytest.param({"gpus": [[0, -1]]}, ["[servers] gpus[0][1]", "negative"],
+                 id="gpus-negative-in-a-group"),
+    pytest.param({"gpus": [[[0]]]}, ["[servers] gpus[0][0]", "Expected `int`"],
+                 id="gpus-nested-too-deep"),
+    pytest.param({"gpus": [["0", "1"]]}, ["[servers] gpus[0][0]", "str"],
+                 id="gpus-ids-as-strings"),
+    pytest.param({"command": GOOD_COMMAND + " --tp {tp_size}"},
+                 ["[servers] command", "{tp_size}", "{tp}"], id="command-unknown-tp-field"),
+    pytest.param({"command": GOOD_COMMAND + ' --tp "{tp}"'},
+                 ["[servers] command", "{tp}", "inside quotes"], id="command-tp-quoted"),
 ]
 
 

@@ -103,6 +103,24 @@ BOUNDARY = [
 ]
 
 
+GROUPS_LOAD = [
+    pytest.param('gpus = [[0, 1], [2, 3]]', id="gpus-two-groups-of-two"),
+    pytest.param('gpus = [[3, 1], [0]]', id="gpus-groups-of-unequal-size-any-order"),
+    pytest.param('gpus = [[0]]', id="gpus-one-group-of-one"),
+]
+
+
+@pytest.mark.parametrize("gpus", GROUPS_LOAD)
+def test_gpu_groups_load(tmp_path: Path, home: Path, gpus: str) -> None:
+    text = spec_text(servers=gpus + '\ncommand = "serve {model} --port {port} --tp {tp} '
+                     '--gpus {gpus} --first {gpu}"\nmodel = "m"', urls="")
+    spec = _setup(tmp_path, text)
+    out = run_cli("fleetdeck-agent", "generate", spec, env={"HOME": str(home)})
+    # Loaded: `generate` alone refuses only because gpus servers need the supervisor.
+    assert_refused(out, 2, ["[servers] has gpus, not urls", str(spec)])
+    assert "gpus[" not in out.text
+
+
 @pytest.mark.parametrize("text", BOUNDARY)
 def test_a_number_at_the_edge_of_its_range_loads(tmp_path: Path, home: Path,
                                                  text: str) -> None:
