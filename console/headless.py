@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from agents.rpc.protocol import INVALID_PARAMS, RpcError
+from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import ServerStatus, Snapshot
 from console import campaign as rollup
 from console.actions import BY_ID
@@ -133,7 +134,9 @@ def server_line(s: ServerStatus) -> str:
     accept = next((v for v in (s.accept_length, s.accept_length_window, s.accept_length_cum,
                                s.accept_length_log) if v is not None), None)
     kv = DASH if s.token_usage is None else f"{100 * s.token_usage:.0f}%"
-    return (f"  server {s.number} {shown(s.state)}: running {fig(s.running_reqs, 'd')}, "
+    group = s.gpu_group
+    on = f" (GPU {gpu_label(group)})" if group else ""
+    return (f"  server {s.number}{on} {shown(s.state)}: running {fig(s.running_reqs, 'd')}, "
             f"queue {fig(s.queued_reqs, 'd')}, {fig(s.gen_throughput, ',.0f')} tok/s, "
             f"KV {kv}, accept {fig(accept, '.2f')}")
 

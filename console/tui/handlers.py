@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from agents.rpc.protocol import RpcError
+from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
 from console.artifacts.decommission import generation_campaign
@@ -130,8 +131,8 @@ class Controls:
             self.port.notify("open the node (enter) and select the server's row first",
                             severity="warning")
             return
-        number, gpu = chosen
-        where = f"server {number}" + (f" (GPU {gpu})" if gpu is not None else "")
+        number, group = chosen
+        where = f"server {number}" + (f" (GPU {gpu_label(group)})" if group else "")
         if not await self.confirm(f"Restart {where} on {node}?",
                                   "Its requests in flight are retried on the other servers."):
             return
@@ -252,7 +253,8 @@ class Controls:
         if isinstance(screen, GenerateScreen) and screen.gpu_table.has_focus:
             chosen = screen.selected_server()
             if chosen is not None:
-                return f"sglang_gpu{chosen[1] if chosen[1] is not None else chosen[0]}"
+                # A server's log is named by its first GPU (agents/supervise/servers.py).
+                return f"sglang_gpu{chosen[1][0] if chosen[1] else chosen[0]}"
         role = snap.kind if snap is not None else self.port.fleet.node(node).role
         names = log_names(role, gpus)
         shown = self.port.fetched[node].log

@@ -70,15 +70,16 @@ class GenerateScreen(NodeView):
     def gpu_table(self) -> GpuTable:
         return self.query_one(GpuTable)
 
-    def selected_server(self) -> tuple[int, int | None] | None:
-        """(server number, GPU) of the GPU table's cursor row."""
+    def selected_server(self) -> tuple[int, list[int] | None] | None:
+        """(server number, its GPUs) of the GPU table's cursor row."""
         number = self.gpu_table.selected_server
         if number is None:
             return None
-        gpu = None
+        group = None
         if self.snapshot is not None:
-            gpu = next((s.gpu for s in self.snapshot.servers if s.number == number), None)
-        return number, gpu
+            group = next((s.gpu_group for s in self.snapshot.servers if s.number == number),
+                         None)
+        return number, group
 
     def show(self, ctx: ViewContext) -> None:
         assert self.node_name is not None

@@ -1,13 +1,15 @@
-"""The generation node's per-GPU table: server state, restarts, in-flight / limit, the
-auto-tuner's chosen level with its measured tokens/s-by-concurrency curve, queue, req/s,
-tok/s, accept length, failures, and the GPU's utilisation, memory, temperature and power
-(`–` where NVML is absent: unknown is never drawn as 0)."""
+"""The generation node's per-GPU table, one row per server (its GPU, or its group of GPUs:
+`0-1`): server state, restarts, in-flight / limit, the auto-tuner's chosen level with its
+measured tokens/s-by-concurrency curve, queue, req/s, tok/s, accept length, failures, and the
+GPUs' utilisation, memory, temperature and power, the group's together (`–` where NVML is
+absent: unknown is never drawn as 0)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.theme import Theme
 
+from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import AutoTune, ServerStatus, Snapshot
 from console.tui.widgets import figures as f
 from console.tui.widgets.graphs import knee_plot
@@ -54,7 +56,8 @@ def auto_cell(tune: AutoTune | None, theme: Theme, dim: str) -> Text:
 def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool,
             tune: AutoTune | None = None) -> Row:
     dim = style(theme, "muted") if stale else ""
-    label = f"{s.gpu}" if s.gpu is not None else f"#{s.number}"
+    group = s.gpu_group
+    label = gpu_label(group) if group else f"#{s.number}"
     state: str = s.state
     tone: str | None = SERVER_TONE.get(s.state)
     if s.metrics_at is not None and at - s.metrics_at > METRICS_STALE_S:

@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.theme import Theme
 from textual.widgets import ProgressBar, Static
 
+from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import Cost, Progress, Snapshot
 from console.linkstate import LinkState
 from console.sanitize import shown
@@ -26,7 +27,8 @@ def latest_errors(snap: Snapshot, n: int = 3) -> list[str]:
     out = []
     for s in snap.servers:
         if s.last_error:
-            where = f"GPU {s.gpu}" if s.gpu is not None else f"server {s.number}"
+            group = s.gpu_group
+            where = f"GPU {gpu_label(group)}" if group else f"server {s.number}"
             out.append(f"{where}: {shown(s.last_error)}")
     return out[:n]
 

@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.theme import Theme
 from textual.widgets import ProgressBar, Static
 
+from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import GpuStats, Snapshot, TrainProgress
 from console.linkstate import LinkState
 from console.sanitize import shown
@@ -94,7 +95,7 @@ TRAIN_GPU_COLUMNS = (("gpu", "GPU", None), ("util", "Util", 5), ("mem", "Memory"
 def gpu_rows(snap: Snapshot, stale: bool) -> dict[str, Row]:
     """One row per GPU the snapshot's server rows carry stats for (NVML on the node)."""
     items: list[tuple[str, GpuStats]] = [
-        (str(s.gpu if s.gpu is not None else s.number), s.gpu_stats)
+        (gpu_label(group) if (group := s.gpu_group) else str(s.number), s.gpu_stats)
         for s in snap.servers if s.gpu_stats is not None]
     dim = "dim italic" if stale else ""
     rows: dict[str, Row] = {}
