@@ -13,14 +13,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,train]'
 	touch $(STAMP)
 
-# OpenSSH's sshd is a real part of the test suite; install it when missing (needs root).
+# Real parts of the test suite from Debian, each installed when missing (needs root), with one
+# apt-get update for all: OpenSSH's sshd, and FUSE 3 (libfuse3-3 and fusermount3) for the
+# forgetting filesystem of the power-loss tests (tests/powerloss/).
 system-deps:
-	@if [ ! -x /usr/sbin/sshd ]; then \
+	@missing=""; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server openssh-client"; \
+	{ [ -x /usr/bin/fusermount3 ] && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3 '; } || \
+		missing="$$missing fuse3 libfuse3-3"; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			export DEBIAN_FRONTEND=noninteractive; \
-			apt-get update -qq && apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null; \
+			apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 		else \
-			echo "make: /usr/sbin/sshd is missing: run 'sudo apt-get install openssh-server'" >&2; exit 2; \
+			echo "make: missing$$missing: run 'sudo apt-get install$$missing'" >&2; exit 2; \
 		fi; \
 	fi
 

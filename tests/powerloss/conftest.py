@@ -1,0 +1,3 @@
+from tests.powerloss.harness import forgetful_dir
+
+__all__ = ["forgetful_dir"]
