@@ -47,7 +47,14 @@ def _configure(p: argparse.ArgumentParser) -> None:
     sg.add_argument("--enable-cache-report", action="store_true")
     sg.add_argument("--max-running-requests", type=int, default=None,
                     help="running-batch cap; default 48, as SGLang sets under EAGLE/NEXTN")
-    sg.add_argument("--max-total-tokens", type=int, default=500_000)
+    sg.add_argument("--max-total-tokens", type=int, default=None, metavar="N",
+                    help="the KV pool in tokens (each DP rank's); given, it is enforced as "
+                    "SGLang does: admission by KV room as well as by request count, queueing "
+                    "beyond it, retraction when decoding runs out (see agents/sim/kvpool.py). "
+                    "Not given: 500,000 reported and no KV limit")
+    sg.add_argument("--max-queued-requests", type=int, default=None, metavar="N",
+                    help="refuse a request arriving while N wait (503, 'The request queue is "
+                    "full.'); unlimited by default, as in SGLang")
     sg.add_argument("--context-length", type=int, default=40960)
     sg.add_argument("--reasoning-parser", default="qwen3",
                     help="qwen3 (default here) splits <think>; 'none' returns raw text")
@@ -89,6 +96,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
     sim.add_argument("--no-delay", action="store_true", help="answer at once (time scale 0)")
     sim.add_argument("--load-seconds", type=float, default=2.0,
                      help="simulated start-up: port closed for 3/4, then 503 until ready")
+    sim.add_argument("--warmup-seconds", type=float, default=None, metavar="S",
+                     help="instead of the last 1/4: the port opens S simulated seconds before "
+                     "ready, /health answering 503 meanwhile (a real 0.5.23 on a CPU: about "
+                     "1 s of a 50-160 s start)")
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--answer-median", type=float, default=1350.0, metavar="TOKENS",
                      help="median natural answer length; each prompt's own length is a "
@@ -162,7 +173,9 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
         truncation_share=args.truncation_share, tool_call_share=args.tool_call_share,
         peak_tokens_per_s=args.peak_tokens_per_s, knee=args.knee,
         best_concurrency=args.best_concurrency, context_length=args.context_length,
-        max_total_num_tokens=args.max_total_tokens, dp_size=max(1, args.dp_size),
+        max_total_num_tokens=args.max_total_tokens or 500_000,
+        kv_limit=args.max_total_tokens is not None,
+        max_queued_requests=args.max_queued_requests, dp_size=max(1, args.dp_size),
         faults=faults)
     algorithm = args.speculative_algorithm or ("EAGLE" if cfg.spec else None)
     if algorithm and algorithm.upper() == "NEXTN":
@@ -177,8 +190,12 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
         "load_balance_method": args.load_balance_method,
         "mem_fraction_static": args.mem_fraction_static or 0.85,
         "context_length": args.context_length,
-        "max_running_requests": cfg.max_running_requests,
+        # the CLI value: SGLang resolves it to 48 under EAGLE/NEXTN, else leaves None (and
+        # reports what it settled on as effective_max_running_requests_per_dp)
+        "max_running_requests": (args.max_running_requests
+                                 or (cfg.max_running_requests if cfg.spec else None)),
         "max_total_tokens": args.max_total_tokens,
+        "max_queued_requests": args.max_queued_requests,
         "chunked_prefill_size": args.chunked_prefill_size, "page_size": args.page_size,
         "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype,
         "attention_backend": args.attention_backend,
@@ -232,15 +249,20 @@ async def _serve(args: argparse.Namespace) -> int:
     if cfg.spec and args.max_running_requests is None:
         log("Max running requests is reset to 48 for speculative decoding. You can override "
             "this by explicitly setting --max-running-requests.")
-    load = cfg.load_seconds * cfg.time_scale
+    warmup = (cfg.load_seconds * (1 - BIND_SHARE) if args.warmup_seconds is None
+              else args.warmup_seconds)
+    closed = max(0.0, cfg.load_seconds - warmup)
     log("Load weight begin. avail mem=139.80 GB", tags)
-    await asyncio.sleep(load * BIND_SHARE)
+    await asyncio.sleep(closed * cfg.time_scale)
     log(f"Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail mem=85.12 GB, "
         f"mem usage=54.68 GB. (simulated: {settings.model_path})", tags)
+    log(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {cfg.max_total_num_tokens}, "
+        "K size: 32.75 GB, V size: 32.75 GB", tags)
     log(f"max_total_num_tokens={cfg.max_total_num_tokens}, chunked_prefill_size="
-        f"{args.chunked_prefill_size}, max_running_requests={cfg.max_running_requests}, "
-        f"context_len={cfg.context_length}, available_gpu_mem=18.22 GB", tags)
-    sim = SimServer(model, settings, warmup_s=load * (1 - BIND_SHARE))
+        f"{args.chunked_prefill_size}, max_prefill_tokens=16384, max_running_requests="
+        f"{cfg.max_running_requests}, context_len={cfg.context_length}, "
+        "available_gpu_mem=18.22 GB", tags)
+    sim = SimServer(model, settings, warmup_s=warmup * cfg.time_scale)
     config = uvicorn.Config(create_app(sim), host=settings.host, port=settings.port,
                             log_level="warning", access_log=False, lifespan="on",
                             backlog=2048, timeout_graceful_shutdown=2)

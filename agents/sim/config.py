@@ -36,6 +36,8 @@ class SimConfig:
     tool_call_share: float = 0.5  # share of requests with tools that answer with a call
     context_length: int = 40960
     max_total_num_tokens: int = 500_000  # each DP rank's KV pool
+    kv_limit: bool = False  # --max-total-tokens given: admission and retraction by KV tokens
+    max_queued_requests: int | None = None  # refuse (503) beyond this many waiting
     dp_size: int = 1  # DP ranks; requests go to them in turn, each logs its own lines
     faults: Faults = field(default_factory=Faults)
 

@@ -4,12 +4,14 @@ and `/server_info`, in SGLang 0.5.x's shapes (shared/reference/sglang.md)."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi.responses import Response
 
+from agents.sim.kvpool import INIT_RATIO
 from agents.sim.model import SimModel
 from agents.sim.responses import json_response
 from agents.sim.settings import SimSettings
@@ -79,9 +81,17 @@ def _internal_state(model: SimModel, settings: SimSettings, rank: int) -> dict[s
     if v.load_field:
         state["load"] = sum(1 for r in model.running if r.dp_rank == rank)
     graph = v.memory_usage_graph_key
-    if graph is not None:
-        state["memory_usage"] = {"weight": 54.68, "kvcache": round(cfg.max_total_num_tokens
-                                                                   * 0.000131, 2),
+    kvcache = round(cfg.max_total_num_tokens * 0.000131, 2)
+    if graph is not None and v.graph_phases:  # 0.5.23: graph memory by phase, and more
+        state.update(decode_cuda_graph_bs=[], decode_cuda_graph_memory_gb=1.52,
+                     world_size=settings.tp_size)
+        state["memory_usage"] = {
+            "weight": 54.68, "kvcache": kvcache, "startup_available": 139.8,
+            "token_capacity": cfg.max_total_num_tokens, "token_capacity_swa": None,
+            graph: {"prefill": 0.0, "decode": 1.52, "target_verify": 0.0,
+                    "draft_prefill": 0.0, "draft_decode": 0.0, "draft_extend": 0.0}}
+    elif graph is not None:
+        state["memory_usage"] = {"weight": 54.68, "kvcache": kvcache,
                                  "token_capacity": cfg.max_total_num_tokens, graph: 1.52}
     if cfg.spec and accept is not None:
         state["avg_spec_accept_length"] = accept
@@ -120,32 +130,51 @@ def loads(model: SimModel, settings: SimSettings, include: str | None,
                                 f"Valid options: {sorted(valid)}"}, 400)
     cfg = model.cfg
     every = "all" in sections
-    load: dict[str, Any] = {"dp_rank": 0, "timestamp": time.time()}
+    load: dict[str, Any] = {"timestamp": time.time(), "dp_rank": 0}
     if every or "core" in sections:
         used = model.used_tokens()
+        waiting = sum(r.prompt_tokens for r in model.waiting)
         load.update({
             "num_running_reqs": len(model.running), "num_waiting_reqs": len(model.waiting),
-            "num_used_tokens": used,
-            "num_total_tokens": used + sum(r.prompt_tokens for r in model.waiting),
+            "num_waiting_uncached_tokens": waiting, "num_used_tokens": used,
+            "num_total_tokens": used + waiting, "num_active_tokens": used,
+            "num_prealloc_ready_tokens": 0,
             "max_total_num_tokens": cfg.max_total_num_tokens,
+            "max_running_requests": cfg.max_running_requests,
             "token_usage": used / cfg.max_total_num_tokens,
             "gen_throughput": model.last.gen_throughput,
             "cache_hit_rate": model.last.cache_hit_rate,
             "utilization": len(model.running) / cfg.max_running_requests,
-            "max_running_requests": cfg.max_running_requests})
-    if (every or "memory" in sections):
+            "total_prefill_uncached_tokens": sum(c.new_tokens for c in model.ranks),
+            "total_prefill_busy_us": 0,
+            # six figures of the decode step times in 0.5.23 (what they are is not read)
+            "decode_moments": [0.0] * 6})
+    if every or "memory" in sections:
         load["memory"] = {"weight_gb": 54.68, "kv_cache_gb": 65.5, "graph_gb": 1.52,
                           "token_capacity": cfg.max_total_num_tokens}
     if (every or "spec" in sections) and cfg.spec:
         load["speculative"] = {"accept_length": model.last.accept_length,
                                "accept_rate": model.last.accept_rate}
+    if every or "disagg" in sections:
+        load["disaggregation"] = {
+            "mode": "null", "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": 0, "decode_prealloc_queue_reqs": 0,
+            "decode_transfer_queue_reqs": 0, "decode_retracted_queue_reqs": 0,
+            "kv_transfer_speed_gb_s": 0.0, "kv_transfer_latency_ms": 0.0}
+    if every or "queues" in sections:
+        load["queues"] = {"waiting": len(model.waiting), "grammar": 0,
+                          "paused": len(model.waiting) if model.paused else 0,
+                          "retracted": 0, "prealloc_ready": 0}
     if fmt == "prometheus":
         lines: list[str] = []
         for key, value in load.items():
             if key == "dp_rank":
                 continue
             prefix = {"speculative": "spec"}.get(key, key)
-            items = ([(f"sglang_{prefix}_{k}", v) for k, v in value.items()]
+            if isinstance(value, list | str):
+                continue
+            items = ([(f"sglang_{prefix}_{k}", v) for k, v in value.items()
+                      if isinstance(v, int | float)]
                      if isinstance(value, dict) else [(f"sglang_{key}", value)])
             for name, v in items:
                 lines += [f"# TYPE {name} gauge", f'{name}{{dp_rank="0"}} {v}']
@@ -211,6 +240,8 @@ def metrics(model: SimModel, settings: SimSettings) -> str:
     if settings.shape.r >= (0, 4, 4, 0):
         tok["engine_type"] = "unified"
     used = model.used_tokens()
+    pool = model.pool
+    spec = cfg.spec
     e = _Exposition()
     gauges: list[tuple[str, str, float]] = [
         ("num_running_reqs", "The number of running requests.", len(model.running)),
@@ -220,25 +251,29 @@ def metrics(model: SimModel, settings: SimSettings) -> str:
          model.last.gen_throughput),
         ("cache_hit_rate", "The prefix cache hit rate.", model.last.cache_hit_rate),
         ("token_usage", "The token usage.", used / cfg.max_total_num_tokens),
-        ("num_used_tokens", "The number of used tokens.", used),
-        ("kv_available_tokens", "The number of available KV cache tokens.",
-         cfg.max_total_num_tokens - used),
-        ("mamba_usage", "The usage of the mamba state pool.",
+        ("mamba_usage", "The token usage for Mamba layers.",
          len(model.running) / (3 * cfg.max_running_requests) if settings.hybrid_log else 0),
+        ("num_used_tokens", "The number of used tokens.", used),
+        ("kv_available_tokens", "Number of free token slots in the KV cache pool.",
+         cfg.max_total_num_tokens - used),
+        ("kv_evictable_tokens", "Number of evictable (radix-cached) token slots in the KV "
+         "cache pool.", 0),
+        ("kv_used_tokens", "Number of actively used token slots in the KV cache pool.", used),
         ("max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.",
          cfg.max_total_num_tokens),
+        ("context_len", "Maximum context length.", cfg.context_length),
         ("utilization", "The utilization.", len(model.running) / cfg.max_running_requests),
+        ("new_token_ratio", "The new token ratio.", pool.ratio if pool else INIT_RATIO),
+        # SGLang prints these with speculative decoding off too, as 0.
+        ("spec_accept_length", "Mean acceptance length of speculative decoding (accepted "
+         "drafts + bonus token per forward).", model.last.accept_length if spec else 0),
+        ("spec_accept_rate", "Speculative acceptance rate (`accepted drafts / proposed "
+         "drafts` in batch).", model.last.accept_rate if spec else 0),
+        ("spec_num_steps", "Currently active speculative_num_steps.",
+         cfg.spec_num_steps if spec else 0),
+        ("spec_num_draft_tokens", "Currently active speculative_num_draft_tokens (decouples "
+         "from steps under topk>1).", cfg.spec_num_draft_tokens if spec else 0),
     ]
-    if cfg.spec:
-        gauges += [
-            ("spec_accept_length", "Mean acceptance length of speculative decoding "
-             "(accepted drafts + bonus token per forward).", model.last.accept_length),
-            ("spec_accept_rate", "Acceptance rate of speculative decoding (accepted "
-             "drafts / proposed drafts).", model.last.accept_rate),
-            ("spec_num_steps", "The number of speculative decoding steps.",
-             cfg.spec_num_steps),
-            ("spec_num_draft_tokens", "The number of speculative draft tokens.",
-             cfg.spec_num_draft_tokens)]
     ranked = dict.fromkeys(HELP) if len(model.ranks) > 1 else {}
     for name, text, samples in _rank_gauges(model, settings) if ranked else ():
         e.family(f"sglang:{name}", "gauge", text, [(f"sglang:{name}", labels, value)
@@ -246,6 +281,11 @@ def metrics(model: SimModel, settings: SimSettings) -> str:
     for name, text, value in gauges:
         if name not in ranked:
             e.family(f"sglang:{name}", "gauge", text, [(f"sglang:{name}", sched, value)])
+    # A gauge of SGLang's default multiprocess mode: one series per process, pid labelled;
+    # the newest retraction's size until the next stats line, then 0.
+    e.family("sglang:num_retracted_reqs", "gauge", "The number of retracted requests.",
+             [("sglang:num_retracted_reqs", dict(sched, pid=str(os.getpid())),
+               model.last.retracted)])
 
     def by_stream(counter: dict[str, int]) -> list[tuple[dict[str, str], float]]:
         return [(dict(tok, is_streaming=k), float(v)) for k, v in sorted(counter.items())]
@@ -257,14 +297,23 @@ def metrics(model: SimModel, settings: SimSettings) -> str:
          by_stream(model.generation_tokens_total)),
         ("num_requests_total", "Number of requests processed.",
          by_stream(model.num_requests_total)),
-        ("num_aborted_requests_total", "Number of requests aborted.",
-         [(tok, model.aborted_total)]),
-        ("cached_tokens_total", "Number of cached prompt tokens.",
+        ("cached_tokens_total", "Number of cached prompt tokens by source "
+         "(device/host/storage).",
          [(dict(tok, cache_source="device"), model.cached_tokens_total)]),
     ]
+    # SGLang's labelled counters print no sample before their first increment.
+    if model.aborted_total:
+        counters.append(("num_aborted_requests_total", "Number of requests aborted.",
+                         [(tok, model.aborted_total)]))
     if cfg.spec:
         counters.append(("spec_verify_calls_total", "Number of speculative decoding "
                          "verification calls.", [(tok, model.verify_calls_total)]))
+    if pool is not None and pool.retracted_reqs_total:
+        counters += [(f"num_retracted_{what}_total", f"Total number of retracted {text}.",
+                      [(sched, value)]) for what, text, value in (
+            ("requests", "requests", pool.retracted_reqs_total),
+            ("input_tokens", "input tokens", pool.retracted_input_tokens_total),
+            ("output_tokens", "output tokens", pool.retracted_output_tokens_total))]
     for name, text, samples in counters:
         e.family(f"sglang:{name}", "counter", text,
                  [(f"sglang:{name}", labels, v) for labels, v in samples])

@@ -13,12 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents.sim.config import SimConfig
+from agents.sim.kvpool import KVPool
 from agents.sim.output import OutputPlan, OutputPlanner
 from agents.sim.stats import Histogram, RankCounters, Window
 
 CACHE_BLOCK_CHARS = 256  # toy radix cache: prompts share prefixes in blocks of ~64 tokens
 _TICK_S = 0.01
 _MIN_TICK_S = 0.001
+# SGLang's words (schedule_batch.py retract_decode, scheduler.py _abort_on_queued_limit).
+OUT_OF_KV = ("Out of memory even after retracting all other requests in the decode batch. "
+             "Aborting the last request.")
+QUEUE_FULL = "The request queue is full."
 
 
 @dataclass(eq=False)
@@ -32,7 +37,12 @@ class SimRequest:
     health: bool = False
     dp_rank: int = 0  # the DP rank that serves it (round robin at admission)
     hung: bool = False  # the hang fault: never scheduled, ends only when aborted
-    admitted: float | None = None
+    max_new: int = 0  # the max_new_tokens asked for (what the KV pool reserves against)
+    ignore_eos: bool = False
+    admitted: float | None = None  # first admission
+    joined: float | None = None  # (re)joined the running batch
+    retractions: int = 0
+    abort_status: int | None = None  # an abort's HTTP status (503 queue full, 500 no KV)
     first_token_at: float | None = None
     finished_at: float | None = None
     prefill_left: float = 0.0  # simulated seconds of prefill still to run
@@ -68,6 +78,10 @@ class SimModel:
         self.paused = False
         self._wake = asyncio.Event()
         self._prefix_cache: set[int] = set()
+        # --max-total-tokens: KV admission and retraction (else no KV limit is modelled)
+        self.pool = (KVPool(config.max_total_num_tokens * max(1, config.dp_size))
+                     if config.kv_limit else None)
+        self.log_event: Callable[[str], None] = lambda line: None  # a WARNING line
         # per DP rank (--dp-size): what each rank's own log lines report
         self.ranks = [RankCounters() for _ in range(max(1, config.dp_size))]
         self._next_rank = 0
@@ -169,11 +183,18 @@ class SimModel:
         return rid in self.by_rid
 
     def submit(self, rid: str, plan: OutputPlan, prompt_tokens: int, cached_tokens: int,
-               is_streaming: bool, health: bool = False, hung: bool = False) -> SimRequest:
+               is_streaming: bool, health: bool = False, hung: bool = False,
+               max_new: int | None = None, ignore_eos: bool = False) -> SimRequest:
         now = self.clock()
+        limit = max_new if max_new is not None else self.cfg.context_length - prompt_tokens
         req = SimRequest(rid, plan, prompt_tokens, cached_tokens, is_streaming, now, health,
-                         hung=hung)
+                         hung=hung, max_new=max(limit, plan.n_tokens), ignore_eos=ignore_eos)
         self.by_rid[rid] = req
+        queued = self.cfg.max_queued_requests
+        if queued is not None and not health and len(self.waiting) >= queued:
+            req.abort_status = 503  # --max-queued-requests: refused at arrival
+            self._finish(req, "abort", now, QUEUE_FULL)
+            return req
         if hung:  # stuck in the server: no output until /abort_request or a disconnect
             self.hung[rid] = req
             return req
@@ -188,13 +209,16 @@ class SimModel:
             self._finish(req, plan.finish, now)
             return req
         self.waiting.append(req)
-        if self._can_progress():
-            self._admit(now)  # a free slot takes it at once; the loop picks it up next tick
+        if self._can_progress() and self.pool is None:
+            # A free slot takes it at once; the loop picks it up next tick. With a KV pool,
+            # the next tick admits what arrived meanwhile in one round, as SGLang's
+            # scheduler does between two steps (each newcomer reserved in full).
+            self._admit(now)
         self._wake.set()
         return req
 
     def abort(self, rid: str | None = None, abort_all: bool = False,
-              message: str = "Abort by user request") -> int:
+              message: str = "Aborted") -> int:
         now = self.clock()
         hits = [r for r in (*self.running, *self.waiting, *self.hung.values())
                 if abort_all or r.rid == rid]
@@ -250,22 +274,59 @@ class SimModel:
         return self._advance(dt, now)
 
     def _admit(self, now: float) -> None:
-        cfg = self.cfg
+        """From the head of the queue while the batch cap (and with a KV pool, its room)
+        allows: FIFO, so a head that does not fit holds back the rest."""
+        cfg, pool = self.cfg, self.pool
+        ran = list(self.running)  # the batch of the last step; newcomers reserve in full
+        pending = 0.0
         while self.waiting and len(self.running) < cfg.max_running_requests:
-            r = self.waiting.popleft()
-            if r.admitted is None:
-                r.admitted = now
-                r.dp_rank = self._next_rank % len(self.ranks)
-                self._next_rank += 1
-                new = r.prompt_tokens - r.cached_tokens
-                r.prefill_left = new / cfg.prefill_tokens_per_s
-                if not r.health:
-                    self.ranks[r.dp_rank].admitted(new, r.cached_tokens)
-                    self._win.new_seqs += 1
-                    self._win.new_tokens += new
-                    self._win.cached_tokens += r.cached_tokens
-                    self._win_prompt += r.prompt_tokens
-            self.running.append(r)
+            r = self.waiting[0]
+            # With nothing running the head goes in whatever it needs (SGLang's too).
+            if pool is not None and not r.health:
+                if self.running and (pool.blocked or not pool.fits(ran, pending, r)):
+                    pool.refusals += not pool.blocked
+                    pool.blocked = True
+                    break
+                pending += pool.need(r)
+            self.waiting.popleft()
+            self._join(r, now)
+
+    def _join(self, r: SimRequest, now: float) -> None:
+        cfg = self.cfg
+        r.joined = now
+        if r.admitted is None:
+            r.admitted = now
+            r.dp_rank = self._next_rank % len(self.ranks)
+            self._next_rank += 1
+            new, cached = r.prompt_tokens - r.cached_tokens, r.cached_tokens
+        else:  # back from a retraction: its prompt and its output are computed again
+            new, cached = r.prompt_tokens + r.generated, 0
+        r.prefill_left = new / cfg.prefill_tokens_per_s
+        if not r.health:
+            self.ranks[r.dp_rank].admitted(new, cached)
+            self._win.new_seqs += 1
+            self._win.new_tokens += new
+            self._win.cached_tokens += cached
+            self._win_prompt += new + cached
+        self.running.append(r)
+
+    def _fit_pool(self, tokens: float, now: float) -> None:
+        """Before the batch decodes `tokens` more each: retract what does not fit."""
+        pool = self.pool
+        assert pool is not None
+        event = pool.step(self.running, tokens)
+        if event is not None:
+            for v in event.victims:
+                self.running.remove(v)
+                v.retractions += 1
+                v.prefill_left = 0.0
+                v.joined = None
+                self.waiting.append(v)  # FCFS: at the back, as SGLang re-queues it
+            self.log_event(event.log_line())
+        if pool.overflows_alone(self.running, tokens):
+            last = self.running[0]
+            last.abort_status = 500
+            self._finish(last, "abort", now, OUT_OF_KV)
 
     def _advance(self, dt: float, now: float) -> float:
         """Move the batch on by dt wall seconds; return wall seconds to the next finish."""
@@ -273,15 +334,18 @@ class SimModel:
         speed = 1.0 / (cfg.time_scale * cfg.faults.slow_factor)  # simulated s per wall s
         rate = cfg.per_request_rate(len(self.running))
         sim_dt = dt * speed
+        if self.pool is not None and self.running:
+            self._fit_pool(rate * sim_dt, now)
+            rate = cfg.per_request_rate(len(self.running))
         until_next = math.inf
         finished = False
         win = self._win
         win.running = max(win.running, len(self.running))
         win.used_tokens = max(win.used_tokens, self.used_tokens())
         for r in list(self.running):
-            # admitted since the last tick: only the time since its admission counts
-            admitted = r.admitted if r.admitted is not None else now
-            left = min(sim_dt, (now - admitted) * speed)
+            # joined since the last tick: only the time since it joined counts
+            joined = r.joined if r.joined is not None else now
+            left = min(sim_dt, (now - joined) * speed)
             if r.prefill_left > 0:
                 used = min(r.prefill_left, left)
                 r.prefill_left -= used
@@ -320,10 +384,14 @@ class SimModel:
     def _finish(self, r: SimRequest, finish: str, now: float, message: str = "") -> None:
         if r in self.running:
             self.running.remove(r)
+            if self.pool is not None:
+                self.pool.blocked = False  # a request left: admission is tried again
         elif r in self.waiting:
             self.waiting.remove(r)
         elif r.hung:
             self.hung.pop(r.rid, None)
+        if self.pool is not None and not self.running and not self.waiting:
+            self.pool.idle()
         if self.by_rid.get(r.rid) is r:
             del self.by_rid[r.rid]
         r.finish = finish
@@ -379,6 +447,8 @@ class SimModel:
         else:
             w.accept_length, w.accept_rate = self.last.accept_length, self.last.accept_rate
         w.cache_hit_rate = w.cached_tokens / prompt if prompt else self.last.cache_hit_rate
+        if self.pool is not None:  # sglang:num_retracted_reqs: the newest event, then 0
+            w.retracted, self.pool.last_event_reqs = self.pool.last_event_reqs, 0
         self.last = w
         self._win, self._win_verify, self._win_prompt = Window(), 0.0, 0
         self._win_start = now
@@ -405,4 +475,9 @@ class SimModel:
             "last_max_tokens": list(self.last_max_tokens),
             "max_tokens_counts": dict(self.max_tokens_counts),
             "faults": self.cfg.faults.as_dict(),
+            "kv": None if self.pool is None else {
+                "size": self.pool.size, "used": self.used_tokens(),
+                "new_token_ratio": self.pool.ratio, "blocked": self.pool.blocked,
+                "refusals": self.pool.refusals,
+                "retracted_reqs_total": self.pool.retracted_reqs_total},
         }

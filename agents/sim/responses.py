@@ -14,11 +14,11 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from agents.sim.faults import crash
+from agents.sim.metainfo import MetaInfo
 from agents.sim.model import SimModel, SimRequest
-from agents.sim.output import EOS_TOKEN_ID, estimate_tokens
+from agents.sim.output import estimate_tokens
 from agents.sim.settings import SimSettings
 
-WEIGHT_VERSION = "default"
 SSE = "text/event-stream"
 
 
@@ -39,6 +39,17 @@ def _native_error(message: str, status: int) -> Response:
     return json_response({"error": {"message": message}}, status)
 
 
+def _refusal(req: SimRequest) -> Response | None:
+    """An abort that carries an HTTP status (a full queue 503, no KV room 500) answers as
+    SGLang's HTTPException handler does, on every route: an OpenAI-style error whose type is
+    the status as text (tokenizer_manager.py, http_server.py)."""
+    status = req.abort_status
+    if req.finish != "abort" or status is None:
+        return None
+    return json_response({"object": "error", "message": req.abort_message,
+                          "type": str(status), "param": None, "code": status}, status)
+
+
 def _opt_int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -57,6 +68,10 @@ async def read_json(request: Request) -> dict[str, Any] | str:
     return obj if isinstance(obj, dict) else "The JSON body must be an object"
 
 
+class Refused(Exception):
+    """A request SGLang refuses before it is queued (HTTP 400); the message is SGLang's."""
+
+
 class Generation:
     """The generation routes around one SimModel: /v1/chat/completions, /v1/completions
     and /generate."""
@@ -64,6 +79,7 @@ class Generation:
     def __init__(self, model: SimModel, settings: SimSettings) -> None:
         self.model = model
         self.s = settings
+        self.info = MetaInfo(model, settings)
 
     # ----- shared pieces of the generation endpoints -----
 
@@ -89,67 +105,34 @@ class Generation:
                 if await request.is_disconnected():
                     self.model.abort(req.rid, message="Abort: client disconnected")
 
-    def _spec(self, req: SimRequest) -> dict[str, Any]:
-        n, verify = req.generated, req.verify_ct
-        steps = self.model.cfg.spec_num_steps
-        correct = max(0, n - verify)
-        return {"spec_verify_ct": verify,
-                "spec_accept_length": n / verify if verify else 0.0,
-                "spec_accept_rate": correct / (verify * steps) if verify else 0.0,
-                "spec_num_correct_drafts": correct,
-                "spec_num_proposed_drafts": verify * steps}
+    def _check_length(self, prompt_tokens: int, max_tokens: int | None) -> None:
+        """SGLang's two length checks (tokenizer_manager.py `_validate_one_request`)."""
+        context = self.model.cfg.context_length
+        if prompt_tokens >= context:
+            raise Refused(f"The input ({prompt_tokens} tokens) is longer than the model's "
+                          f"context length ({context} tokens).")
+        if max_tokens is not None and prompt_tokens + max_tokens > context:
+            raise Refused(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{context} tokens. You requested a total of {prompt_tokens + max_tokens} "
+                f"tokens: {prompt_tokens} tokens from the input messages and {max_tokens} "
+                "tokens for the completion. Please reduce the number of tokens in the input "
+                "messages or the completion to fit within the limit.")
 
-    def _finish_dict(self, req: SimRequest) -> dict[str, Any] | None:
-        if req.finish == "stop":
-            return {"type": "stop", "matched": EOS_TOKEN_ID}
-        if req.finish == "length":
-            return {"type": "length", "length": req.generated}
-        if req.finish == "abort":
-            return {"type": "abort", "message": req.abort_message}
-        return None
-
-    def _meta(self, req: SimRequest) -> dict[str, Any]:
-        end = req.finished_at if req.finished_at is not None else self.model.clock()
-        meta: dict[str, Any] = {
-            "id": req.rid, "finish_reason": self._finish_dict(req),
-            "prompt_tokens": req.prompt_tokens, "completion_tokens": req.generated,
-            "reasoning_tokens": req.plan.reasoning_tokens_at(req.generated),
-            "cached_tokens": req.cached_tokens, "e2e_latency": end - req.created,
-            "weight_version": WEIGHT_VERSION, "num_retractions": 0}
-        if self.model.cfg.spec:
-            meta.update(self._spec(req))
-        return meta
-
-    def _usage(self, req: SimRequest) -> dict[str, Any]:
-        n = req.generated
-        reasoning = req.plan.reasoning_tokens_at(n)
-        return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + n,
-                "completion_tokens": n,
-                "prompt_tokens_details": ({"cached_tokens": req.cached_tokens}
-                                          if self.s.enable_cache_report else None),
-                "reasoning_tokens": reasoning,
-                "completion_tokens_details": ({"reasoning_tokens": reasoning}
-                                              if reasoning > 0 else None)}
-
-    def _openai_finish(self, req: SimRequest) -> tuple[str, int | None]:
-        if req.finish == "stop":
-            tool = req.plan.tool_name is not None and req.generated >= req.plan.n_tokens
-            return ("tool_calls" if tool else "stop"), EOS_TOKEN_ID
-        return str(req.finish), None
-
-    def _tool_calls(self, req: SimRequest) -> list[dict[str, Any]]:
-        return [{"id": f"call_{req.rid[:24]}", "index": 0, "type": "function",
-                 "function": {"name": req.plan.tool_name,
-                              "arguments": req.plan.tool_arguments}}]
+    def _model_name(self, body: dict[str, Any]) -> str:
+        """The `model` an OpenAI answer names: the request's own, as SGLang echoes it."""
+        model = body.get("model")
+        return model if isinstance(model, str) and model else self.s.served_model_name
 
     def _extras(self, out: dict[str, Any], req: SimRequest, body: dict[str, Any]) -> None:
         if body.get("return_spec_tokens_details") and self.model.cfg.spec:
-            out["sglext"] = {"spec_tokens_details": self._spec(req)}
+            out["sglext"] = {"spec_tokens_details": self.info.spec(req)}
 
     def _submit(self, body: dict[str, Any], prompt: str | None, prompt_tokens: int,
                 max_tokens: int | None, thinking: bool, fault: str | None,
                 tools: list[Any] | None = None) -> SimRequest:
         rid = body.get("rid") if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+        self._check_length(prompt_tokens, max_tokens)
         cached = self.model.cached_prefix_tokens(prompt) if prompt else 0
         cached = min(cached, prompt_tokens - 1)
         params = body.get("sampling_params")
@@ -161,7 +144,8 @@ class Generation:
                                       empty=fault == "empty", ignore_eos=ignore_eos,
                                       prompt=key)
         return self.model.submit(str(rid), plan, prompt_tokens, cached,
-                                 bool(body.get("stream")), hung=fault == "hang")
+                                 bool(body.get("stream")), hung=fault == "hang",
+                                 max_new=max_tokens, ignore_eos=ignore_eos)
 
     async def _generation(self, request: Request, error: Callable[[str, int], Response],
                           handle: Callable[[Request, dict[str, Any], str | None],
@@ -186,7 +170,10 @@ class Generation:
             early = await self._answer_fault(fault, request, error)
             if early is not None:
                 return early
-            response = await handle(request, body, fault)
+            try:
+                response = await handle(request, body, fault)
+            except Refused as exc:  # SGLang's tokenizer manager raises ValueError: a 400
+                return error(str(exc), 400)
             streaming = isinstance(response, StreamingResponse)
             return response
         finally:
@@ -230,7 +217,9 @@ class Generation:
                     fault: str | None) -> Response:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            return _openai_error("messages: Field required (a non-empty list)", 400)
+            # a request validation error: SGLang's handler names its type "Bad Request"
+            return _openai_error("messages: Field required (a non-empty list)", 400,
+                                 "Bad Request")
         tools = body.get("tools") if isinstance(body.get("tools"), list) else None
         if body.get("tool_choice") == "none":
             tools = None
@@ -255,15 +244,17 @@ class Generation:
                  and body.get("separate_reasoning", True) is not False)
         bank = self.model.bank
         base = {"id": req.rid, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.s.served_model_name}
+                "model": self._model_name(body)}
 
         if body.get("stream"):
+            # Without a reasoning parser every delta says reasoning_content null (0.5.23).
+            lead: dict[str, Any] = {} if split else {"reasoning_content": None}
+
             def chunk(delta: dict[str, Any], finish: str | None = None,
                       matched: int | None = None) -> bytes:
-                return _sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                   "finish_reason": finish,
-                                                   "matched_stop": matched}],
-                             "usage": None})
+                return _sse({**base, "choices": [{"index": 0, "delta": {**lead, **delta},
+                                                   "logprobs": None, "finish_reason": finish,
+                                                   "matched_stop": matched}]})
 
             def steps(a: int, b: int) -> Iterator[bytes]:
                 p = bank.pieces(req.plan, a, b)
@@ -276,41 +267,43 @@ class Generation:
                     yield chunk({"content": p.raw})
 
             def tail() -> Iterator[bytes]:
-                finish, matched = self._openai_finish(req)
+                finish, matched = self.info.openai_finish(req)
                 if finish == "tool_calls":
-                    yield chunk({"tool_calls": self._tool_calls(req)})
+                    yield chunk({"tool_calls": self.info.tool_calls(req)})
                 last: dict[str, Any] = {**base, "choices": [
-                    {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish,
-                     "matched_stop": matched}], "usage": None}
+                    {"index": 0, "delta": dict(lead), "logprobs": None,
+                     "finish_reason": finish, "matched_stop": matched}]}
                 self._extras(last, req, body)
                 yield _sse(last)
                 options = body.get("stream_options")
                 if isinstance(options, dict) and options.get("include_usage"):
-                    yield _sse({**base, "choices": [], "usage": self._usage(req)})
+                    yield _sse({**base, "choices": [], "usage": self.info.usage(req)})
 
             first = chunk({"role": "assistant", "content": ""})
             return StreamingResponse(self._stream(req, iter([first]), steps, tail),
                                      media_type=SSE)
 
         await self._wait(req, request)
+        if (refusal := _refusal(req)) is not None:
+            return refusal
         piece = bank.pieces(req.plan, 0, req.generated)
-        finish, matched = self._openai_finish(req)
+        finish, matched = self.info.openai_finish(req)
         if split and req.plan.thinking:
             content, reasoning = piece.content, piece.reasoning
         else:
             content, reasoning = piece.raw, None
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": content,
-                        "reasoning_content": reasoning,
-                        "tool_calls": self._tool_calls(req) if finish == "tool_calls" else None},
-            "logprobs": None, "finish_reason": finish, "matched_stop": matched}
+        message: dict[str, Any] = {"role": "assistant", "content": content,
+                                   "reasoning_content": reasoning}
+        if finish == "tool_calls":  # SGLang leaves the key out when there is no call
+            message["tool_calls"] = self.info.tool_calls(req)
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                  "finish_reason": finish, "matched_stop": matched}
         if body.get("return_meta_info"):
-            choice["meta_info"] = self._meta(req)
+            choice["meta_info"] = self.info.meta(req)
         out: dict[str, Any] = {"id": req.rid, "object": "chat.completion",
-                               "created": base["created"], "model": self.s.served_model_name,
-                               "choices": [choice], "usage": self._usage(req),
-                               "metadata": {"weight_version": WEIGHT_VERSION}}
+                               "created": base["created"], "model": base["model"],
+                               "choices": [choice], "usage": self.info.usage(req),
+                               "metadata": self.info.metadata(req)}
         self._extras(out, req, body)
         return json_response(out)
 
@@ -329,14 +322,14 @@ class Generation:
         elif isinstance(prompt, str):
             text, tokens = prompt, estimate_tokens(prompt)
         else:
-            return _openai_error("prompt: Field required", 400)
+            return _openai_error("prompt: Field required", 400, "Bad Request")
         thinking = text is None or "</think>" not in text[-48:]
         max_tokens = _opt_int(body.get("max_tokens"))
         max_tokens = 16 if max_tokens is None else max_tokens  # CompletionRequest's default
         req = self._submit(body, text, tokens, max_tokens, thinking, fault)
         bank = self.model.bank
         base = {"id": req.rid, "object": "text_completion", "created": int(time.time()),
-                "model": self.s.served_model_name}
+                "model": self._model_name(body)}
 
         def choice(text: str, finish: str | None, matched: int | None) -> dict[str, Any]:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
@@ -346,27 +339,28 @@ class Generation:
             def steps(a: int, b: int) -> Iterator[bytes]:
                 text = bank.pieces(req.plan, a, b).full
                 if text:
-                    yield _sse({**base, "choices": [choice(text, None, None)], "usage": None})
+                    yield _sse({**base, "choices": [choice(text, None, None)]})
 
             def tail() -> Iterator[bytes]:
-                finish, matched = self._openai_finish(req)
-                last: dict[str, Any] = {**base, "choices": [choice("", finish, matched)],
-                                        "usage": None}
+                finish, matched = self.info.openai_finish(req)
+                last: dict[str, Any] = {**base, "choices": [choice("", finish, matched)]}
                 self._extras(last, req, body)
                 yield _sse(last)
                 options = body.get("stream_options")
                 if isinstance(options, dict) and options.get("include_usage"):
-                    yield _sse({**base, "choices": [], "usage": self._usage(req)})
+                    yield _sse({**base, "choices": [], "usage": self.info.usage(req)})
 
             return StreamingResponse(self._stream(req, None, steps, tail), media_type=SSE)
 
         await self._wait(req, request)
-        finish, matched = self._openai_finish(req)
+        if (refusal := _refusal(req)) is not None:
+            return refusal
+        finish, matched = self.info.openai_finish(req)
         one = choice(bank.pieces(req.plan, 0, req.generated).full, finish, matched)
         if body.get("return_meta_info"):
-            one["meta_info"] = self._meta(req)
-        out: dict[str, Any] = {**base, "choices": [one], "usage": self._usage(req),
-                               "metadata": {"weight_version": WEIGHT_VERSION}}
+            one["meta_info"] = self.info.meta(req)
+        out: dict[str, Any] = {**base, "choices": [one], "usage": self.info.usage(req),
+                               "metadata": self.info.metadata(req)}
         self._extras(out, req, body)
         return json_response(out)
 
@@ -394,15 +388,13 @@ class Generation:
         req = self._native_request(body, max_new, fault)
         if not body.get("stream"):
             await self._wait(req, request)
-            return json_response(self._native_body(req))
+            return _refusal(req) or json_response(self._native_body(req))
         bank = self.model.bank
         state = {"text": ""}
 
         def steps(a: int, b: int) -> Iterator[bytes]:
             state["text"] += bank.pieces(req.plan, a, b).full
-            meta = self._meta(req)
-            meta["finish_reason"] = None
-            meta["completion_tokens"] = b
+            meta = self.info.meta(req, streamed=b, first=a == 0)
             yield _sse({"text": state["text"], "output_ids": bank.ids_at(req.plan.offset, b),
                         "meta_info": meta})
 
@@ -424,4 +416,4 @@ class Generation:
     def _native_body(self, req: SimRequest) -> dict[str, Any]:
         return {"text": self.model.bank.pieces(req.plan, 0, req.generated).full,
                 "output_ids": self.model.bank.ids_at(req.plan.offset, req.generated),
-                "meta_info": self._meta(req)}
+                "meta_info": self.info.meta(req)}

@@ -18,8 +18,9 @@ from agents.sim import exposition
 from agents.sim.batchlog import decode_log
 from agents.sim.faults import crash
 from agents.sim.logs import log
+from agents.sim.metainfo import WEIGHT_VERSION
 from agents.sim.model import SimModel
-from agents.sim.responses import WEIGHT_VERSION, Generation, json_response, read_json
+from agents.sim.responses import Generation, json_response, read_json
 from agents.sim.settings import SimSettings
 
 FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are "
@@ -78,6 +79,11 @@ class SimServer:
 
     @asynccontextmanager
     async def lifespan(self, _app: FastAPI) -> AsyncIterator[None]:
+        tags = self.s.scheduler_tags
+        self.model.log_event = lambda line: log(line, tags)
+        # SGLang's own logger prints uvicorn's lines (the simulator's uvicorn is quiet).
+        log(f"INFO:     Uvicorn running on http://{self.s.host}:{self.s.port} (Press CTRL+C "
+            "to quit)")
         for coro in (self.model.run(), self._warmup(), decode_log(self.model, self.s),
                      self._crash_watch()):
             self._tasks.append(asyncio.create_task(coro))
@@ -171,9 +177,13 @@ def create_app(sim: SimServer) -> FastAPI:
         return json_response(exposition.server_info(model, sim.s))
 
     def model_info_body() -> dict[str, Any]:
-        return {"model_path": sim.s.model_path, "tokenizer_path": sim.s.model_path,
-                "is_generation": True, "preferred_sampling_params": None,
-                "weight_version": WEIGHT_VERSION, "has_image_understanding": False,
+        # 0.5.23's body, less its `embedding` section (forty keys on embedding support)
+        return {"model_path": sim.s.model_path, "served_model_name": sim.s.served_model_name,
+                "tokenizer_path": sim.s.model_path, "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": WEIGHT_VERSION,
+                "load_format": "auto", "reasoning_parser": sim.s.reasoning_parser,
+                "tool_call_parser": sim.s.server_args.get("tool_call_parser"),
+                "disaggregation_mode": "null", "has_image_understanding": False,
                 "has_audio_understanding": False, "model_type": "qwen3",
                 "architectures": ["Qwen3ForCausalLM"]}
 
@@ -191,7 +201,7 @@ def create_app(sim: SimServer) -> FastAPI:
     async def models() -> Response:
         return json_response({"object": "list", "data": [
             {"id": sim.s.served_model_name, "object": "model", "created": int(sim.started),
-             "owned_by": "sglang", "root": sim.s.model_path,
+             "owned_by": "sglang", "root": sim.s.model_path, "parent": None,
              "max_model_len": model.cfg.context_length}]})
 
     if sim.s.enable_metrics:

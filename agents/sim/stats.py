@@ -43,6 +43,7 @@ class Window:
     cached_tokens: int = 0
     input_throughput: float = 0.0
     tokens: int = 0
+    retracted: int = 0  # the newest retraction's size (--max-total-tokens only)
 
 
 @dataclass

@@ -65,6 +65,13 @@ class Shape:
         return "cuda_graph" if self.r < (0, 5, 2, 0) else "graph"
 
     @property
+    def graph_phases(self) -> bool:
+        """memory_usage.graph as a dict by phase (prefill, decode, ...) with
+        startup_available and token_capacity_swa beside it: seen in 0.5.23 (a number in
+        0.5.5.post3 and a build of main of 2026-04; the releases between were not read)."""
+        return self.r >= (0, 5, 23, 0)
+
+    @property
     def load_field(self) -> bool:
         return (0, 4, 6, 2) <= self.r < (0, 5, 3, 0)
 

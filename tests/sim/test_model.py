@@ -214,7 +214,7 @@ def test_error_garbage_empty(faulty: SimHandle) -> None:
         set_faults(faulty, empty_rate=1)
         obj = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 50}).json()
         msg = obj["choices"][0]["message"]
-        assert msg["content"] == "" and not msg["reasoning_content"] and not msg["tool_calls"]
+        assert msg["content"] == "" and not msg["reasoning_content"] and not msg.get("tool_calls")
         assert obj["choices"][0]["finish_reason"] == "stop"
 
         set_faults(faulty, error_rate=0.5)
@@ -268,19 +268,24 @@ def test_queue_beyond_max_running_requests(faulty: SimHandle) -> None:
         results.append(r.status_code)
 
     threads = [threading.Thread(target=one) for _ in range(10)]
-    for t in threads:
-        t.start()
-    seen: list[dict[str, Any]] = []
+    # Each answer lasts ~1.5 s: longer than ten threads take to start on a loaded machine.
+    set_faults(faulty, slow_factor=5)
+    try:
+        for t in threads:
+            t.start()
+        seen: list[dict[str, Any]] = []
 
-    def queued() -> bool:
-        load = httpx.get(f"{url}/v1/loads", params={"include": "core"}).json()["loads"][0]
-        seen.append(load)
-        return load["num_waiting_reqs"] > 0
+        def queued() -> bool:
+            load = httpx.get(f"{url}/v1/loads", params={"include": "core"}).json()["loads"][0]
+            seen.append(load)
+            return load["num_waiting_reqs"] > 0
 
-    wait_until(queued, 10, "a queue beyond --max-running-requests 4", interval=0.005)
-    assert seen[-1]["num_running_reqs"] == 4
-    for t in threads:
-        t.join(30)
+        wait_until(queued, 20, "a queue beyond --max-running-requests 4", interval=0.005)
+        assert seen[-1]["num_running_reqs"] == 4
+        for t in threads:
+            t.join(60)
+    finally:
+        set_faults(faulty)
     assert results == [200] * 10
     state = httpx.get(f"{url}/sim/state").json()
     assert state["max_in_flight"] > 4
