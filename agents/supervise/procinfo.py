@@ -1,7 +1,10 @@
-"""Process identity on Linux: a pid is only the same process if its start time matches too.
+"""Processes on Linux: identity (a pid is only the same process if its start time matches too)
+and process groups (a server and every process it started).
 
 A supervisor that adopts servers after a crash compares (pid, start time, port): pids are
-reused, start times are not.
+reused, start times are not. A server runs in a session of its own, so its process group is
+its launch process and every child (SGLang's scheduler and detokenizer): the group is what is
+stopped, and what must be gone before a new server takes the same GPUs.
 """
 
 from __future__ import annotations
@@ -10,17 +13,22 @@ import os
 import signal
 
 
-def start_time(pid: int) -> int | None:
-    """The process start time in clock ticks since boot (/proc/PID/stat field 22)."""
+def _stat_fields(pid: int | str) -> list[bytes] | None:
+    """/proc/PID/stat from field 3 (state) on, or None when there is no such process. The
+    command name (field 2) may hold spaces and parentheses: split after the last ')'."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = data[data.rfind(b")") + 2 :].split()
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def start_time(pid: int) -> int | None:
+    """The process start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    rest = _stat_fields(pid)
     try:
-        return int(rest[19])
+        return int(rest[19]) if rest is not None else None
     except (IndexError, ValueError):
         return None
 
@@ -33,12 +41,8 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return data[data.rfind(b")") + 2 :][:1] != b"Z"
-    except FileNotFoundError:
-        return False
+    rest = _stat_fields(pid)
+    return rest is not None and rest[:1] != [b"Z"]
 
 
 def same_process(pid: int, started: int) -> bool:
@@ -54,3 +58,28 @@ def kill_group(pid: int, sig: int = signal.SIGTERM) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` that still run (zombies, already dead, are left
+    out), stopped ones included: /proc/PID/stat field 5 of every process."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        rest = _stat_fields(entry.name)
+        if rest is None or len(rest) < 3 or rest[0] in (b"Z", b"X"):
+            continue
+        if rest[2] == str(pgid).encode():
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def group_is_ours(pid: int, started: int | None) -> bool:
+    """Whether process group `pid` (a server started in a session of its own, with the start
+    ticks `started`) is still the one we started. Linux keeps a pid number in use while it
+    names a process group, so a group `pid` with members is ours unless the number now
+    belongs to another process (the group is then long gone); a leader gone or a zombie is
+    the group we started, its children still in it."""
+    now = start_time(pid)
+    return now is None or started is None or now == started

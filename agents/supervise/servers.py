@@ -4,7 +4,10 @@ restarted with backoff, and adopted by a new supervisor.
 
 Each server runs in a session of its own with its output going straight to a log file, so a
 supervisor's death neither kills nor blinds it. servers.json records pid, process start time,
-port and GPUs: a new supervisor adopts a server only when all four match and it answers.
+port and GPUs: a new supervisor adopts a server only when all four match and it answers, or
+when its log says it is still loading. Stopping a server stops its whole process group (the
+launch process, SGLang's scheduler and detokenizer, anything else it started), and a new one
+starts only once none of the group is left.
 Its files are named by the group's first GPU (launch_gpu0.sh, sglang_gpu0.log for GPUs 0,1):
 no two groups share a GPU, and a flat list keeps the names it always had.
 """
@@ -31,7 +34,13 @@ from agents.rundir.gpugroups import label, visible_devices
 from agents.rundir.secrets import secret_env_names
 from agents.rundir.spec import RunSpec
 from agents.rundir.template import render
-from agents.supervise.procinfo import kill_group, same_process, start_time
+from agents.supervise.procinfo import (
+    group_is_ours,
+    group_members,
+    kill_group,
+    same_process,
+    start_time,
+)
 from agents.supervise.sglang_log import LogTail
 from agents.supervise.sglang_metrics import (
     MetricsReading,
@@ -46,6 +55,9 @@ from agents.supervise.sglang_metrics import (
 log = logging.getLogger("fleetdeck.servers")
 # A server healthy this long has recovered: its restart backoff starts over.
 STREAK_RESET_S = 600.0
+# After SIGKILL, how long a server's processes may take to be gone (a process tearing down
+# GPU memory can sit in the kernel for a while) before the supervisor says so and goes on.
+KILL_WAIT_S = 60.0
 
 
 async def fetch_server_info(client: httpx.AsyncClient, url: str, paths: list[str],
@@ -196,8 +208,7 @@ class ServerSet:
         lines.append(f"exec {self.command_for(server)}")
         script.write_text("\n".join(lines) + "\n")
         script.chmod(0o755)
-        logfile = self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log"
-        with open(logfile, "ab") as out:
+        with open(self.log_path(server), "ab") as out:
             out.write(f"\n# fleetdeck: launching at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                       .encode())
             out.flush()
@@ -243,6 +254,15 @@ class ServerSet:
                     log.info("server %d adopted (pid %d, GPU %s)", server.number, rec.pid,
                              label(server.gpus))
                     continue
+                if not moved and self._still_loading(server):
+                    # A real server loads for minutes: killing it would only start that over.
+                    # Its start-up timeout still runs from its own launch.
+                    server.adopted = True
+                    self._set_state(server, "starting")
+                    log.info("server %d adopted while it loads (pid %d, GPU %s, launched "
+                             "%.0f s ago)", server.number, rec.pid, label(server.gpus),
+                             time.time() - (server.started_at or time.time()))
+                    continue
                 # Ours (pid and start ticks match) but not what the spec asks for now: it
                 # still holds its GPUs, so it goes before the new one starts on them.
                 log.warning("server %d (pid %d) %s: replacing it", server.number, rec.pid,
@@ -254,6 +274,20 @@ class ServerSet:
                          "launching a new one", server.number, rec.pid)
             self.launch(server)
         self.save()
+
+    def log_path(self, server: ManagedServer) -> Path:
+        return self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log"
+
+    def _still_loading(self, server: ManagedServer) -> bool:
+        """A live server of ours that does not answer yet is loading, not hung, when its log
+        has not said ready since its launch and its start-up timeout has not run out."""
+        if server.started_at is None or \
+                time.time() - server.started_at > self.cfg.startup_timeout_s:
+            return False
+        reader = LogTail(self.log_path(server)).poll()
+        # No launch marker in the log's last MiB: it has written more than that since, which
+        # a loading server does not.
+        return reader.launches > 0 and not reader.startup.ready
 
     # -- watching ---------------------------------------------------------------------------
 
@@ -315,7 +349,7 @@ class ServerSet:
                     if (server.state == "down" and server.down_since is not None
                             and now - server.down_since > cfg.hung_restart_s):
                         await self.restart(server, "hung: no health answer for "
-                                           f"{now - server.down_since:.0f} s")
+                                           f"{now - server.down_since:.0f} s", hung=True)
             await asyncio.sleep(cfg.health_interval_s)
 
     async def _on_dead(self, server: ManagedServer, now: float) -> None:
@@ -333,34 +367,71 @@ class ServerSet:
         if server.next_restart_at is not None and now >= server.next_restart_at:
             await self.restart(server, server.last_error or "process exited")
 
-    async def restart(self, server: ManagedServer, reason: str, manual: bool = False) -> None:
+    async def restart(self, server: ManagedServer, reason: str, manual: bool = False,
+                      hung: bool = False) -> None:
         log.warning("server %d: restarting (%s)", server.number, reason)
         self._set_state(server, "restarting")
-        await self._terminate(server)
+        await self._terminate(server, hung=hung)
         server.restarts += 1
         if not manual:
             server.streak += 1
         server.next_restart_at = None
         self.launch(server)
 
-    async def _terminate(self, server: ManagedServer, grace_s: float = 10.0) -> None:
-        if server.pid is None:
-            return
-        if server.process_alive():
-            kill_group(server.pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while server.process_alive() and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            if server.process_alive():
-                kill_group(server.pid, signal.SIGKILL)
-                while server.process_alive():
-                    await asyncio.sleep(0.05)
+    async def _terminate(self, server: ManagedServer, grace_s: float = 10.0,
+                         hung: bool = False) -> None:
+        """Stop the server's whole process group and return once none of it runs.
+
+        A live server gets SIGTERM (SGLang drains, then exits), with SIGCONT so that a stopped
+        process acts on it, and SIGKILL after grace_s. A hung one gets SIGKILL at once: it
+        drains nothing, and a stopped process would sit on a SIGTERM for the whole grace.
+        When the launch process died alone, what it left gets the grace to go by itself
+        (SGLang's scheduler and detokenizer die with it; its resource tracker cleans up for
+        a few seconds and ignores SIGTERM), then SIGKILL: a scheduler left behind would hold
+        the GPUs, and a new server on them starts only when the group is gone."""
+        pid = server.pid
+        if pid is None or not group_is_ours(pid, server.start_ticks):
+            return  # the pid names another process now: its group is long gone
+        left = await self._group_left(server)
+        if left and not hung:
+            alive = server.process_alive()
+            if alive:
+                kill_group(pid, signal.SIGTERM)
+                kill_group(pid, signal.SIGCONT)
+            left = await self._group_wait(server, grace_s)
+            if left:
+                log.warning("server %d: %s still there %.0f s after %s: SIGKILL",
+                            server.number, _processes(left), grace_s,
+                            "SIGTERM" if alive else "its launch process died")
+        elif left:
+            log.warning("server %d is hung: SIGKILL to its process group (%s)",
+                        server.number, _processes(left))
+        if left:
+            kill_group(pid, signal.SIGKILL)
+            left = await self._group_wait(server, KILL_WAIT_S)
+            if left:
+                log.error("server %d: %s still there %.0f s after SIGKILL; launching anyway",
+                          server.number, _processes(left), KILL_WAIT_S)
+
+    async def _group_left(self, server: ManagedServer) -> list[int]:
+        """The server's processes that still run (our own child reaped first: a zombie is
+        gone)."""
+        if server.proc is not None:
+            server.proc.poll()
+        assert server.pid is not None
+        return await asyncio.to_thread(group_members, server.pid)
+
+    async def _group_wait(self, server: ManagedServer, timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while (left := await self._group_left(server)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return left
 
     async def _figures(self, server: ManagedServer) -> None:
         """Every few seconds: /server_info (/get_server_info on a 404: SGLang up to 0.5.5),
         /metrics, and the log's newest decode line of each DP rank, made into one set of
         figures (sglang_metrics.server_figures); what no source carries stays None."""
-        tail = LogTail(self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log")
+        tail = LogTail(self.log_path(server))
         info_paths = ["/server_info", "/get_server_info"]
         while not self.closed:
             await asyncio.sleep(max(self.cfg.health_interval_s, 1.0))
@@ -407,6 +478,10 @@ class ServerSet:
             **figure_fields(server.figures),
             "health_checked_at": server.health_checked_at, "metrics_at": server.metrics_at,
         }
+
+
+def _processes(pids: list[int]) -> str:
+    return f"process{'es' if len(pids) != 1 else ''} {' '.join(map(str, pids))}"
 
 
 def figure_fields(f: ServerFigures) -> dict[str, Any]:

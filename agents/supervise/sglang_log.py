@@ -269,7 +269,9 @@ def _capacity(line: str) -> dict[str, float]:
     for key, raw in _PAIR.findall(line[m.start():]):
         value = _value(raw)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            out[key + ("_gb" if key == "available_gpu_mem" else "")] = value
+            # `available_gpu_mem=78.2 GB`; on a CPU build `available_cpu_mem=18.12 GB`.
+            out[key + ("_gb" if key.startswith("available_") and key.endswith("_mem")
+                       else "")] = value
     return out
 
 
@@ -288,6 +290,7 @@ class LogReader:
         self.prefill: dict[int | None, BatchRecord] = {}
         self.startup = Startup()
         self.record_lines: list[int] = []
+        self.launches = 0  # launch markers read: what follows the last is the process now
 
     def reset(self) -> None:
         self.decode.clear()
@@ -300,6 +303,7 @@ class LogReader:
         self.lines += 1
         if line.startswith(LAUNCH_MARKER):
             self.reset()
+            self.launches += 1
             return
         rec = parse_batch_line(line)
         if rec is not None:

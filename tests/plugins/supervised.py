@@ -116,26 +116,31 @@ def supervised(tmp_path: Path) -> Iterator[Callable[..., Run]]:
 
     def make(n_servers: int = 2, prompts: int = 500, sim_args: str = "", root: Path | None = None,
              alerts: dict[str, Any] | None = None, gpus: list[Any] | None = None,
+             command: str | None = None, servers: dict[str, Any] | None = None,
              **generate: Any) -> Run:
         """`gpus`: [servers] gpus as given (groups: [[0, 1], [2, 3]]), one server per entry;
-        without it, n_servers servers on GPUs 0..n-1."""
+        without it, n_servers servers on GPUs 0..n-1. `command`: a [servers] command template
+        in place of the simulator's; `servers`: [servers] keys over the defaults here."""
         root = root or tmp_path
         root.mkdir(parents=True, exist_ok=True)
         write_prompts(root / "prompts.jsonl", prompts)
         gpus = gpus if gpus is not None else list(range(n_servers))
         n_servers = len(gpus)
         base = port_block(n_servers)
-        command = (f"{sys.executable} -m agents.sim --port {{port}} --model-path {{model}} "
-                   f"--time-scale 0.05 --load-seconds 0.5 --enable-metrics "
-                   f"--decode-log-interval-s 20 {sim_args}")
+        command = command or (
+            f"{sys.executable} -m agents.sim --port {{port}} --model-path {{model}} "
+            f"--time-scale 0.05 --load-seconds 0.5 --enable-metrics "
+            f"--decode-log-interval-s 20 {sim_args}")
         gen = {"prompts": "prompts.jsonl", "max_tokens": 256, "concurrency_per_server": 8,
                "batch_size": 100, "request_timeout_s": 30.0, "connect_timeout_s": 2.0}
         gen.update(generate)
+        sv: dict[str, Any] = {"startup_timeout_s": 60, "restart_backoff_s": 0.3,
+                              "health_interval_s": 0.3, "health_timeout_s": 30,
+                              **(servers or {})}
         lines = ["[run]", 'name = "agent-test"', 'dir = "run"', "", "[servers]",
                  f"gpus = {json.dumps(gpus)}", f"base_port = {base}",
-                 'model = "qwen-sim"', f"command = {json.dumps(command)}",
-                 "startup_timeout_s = 60", "restart_backoff_s = 0.3",
-                 "health_interval_s = 0.3", "health_timeout_s = 30", "", "[generate]"]
+                 'model = "qwen-sim"', f"command = {json.dumps(command)}"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in sv.items()] + ["", "[generate]"]
         lines += [f"{k} = {json.dumps(v)}" for k, v in gen.items()]
         if alerts:
             lines += ["", "[alerts]"] + [f"{k} = {json.dumps(v)}" for k, v in alerts.items()]

@@ -1,0 +1,112 @@
+"""A server is its whole process group: what a launch process leaves behind is killed before a
+new server takes its GPUs, a hung (stopped) server is killed at once, and a new supervisor
+adopts a server that is still loading instead of starting its load over. The real SGLang
+0.5.23 behaviour behind each rule is in tests/real/test_supervise_real.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agents.supervise.procinfo import alive, group_is_ours, group_members, start_time
+from tests.plugins.supervised import agent, rpc_status, wait_status
+from tests.servers.ports import wait_until
+
+SIM = (f"{sys.executable} -m agents.sim --port {{port}} --model-path {{model}} "
+       "--time-scale 0.05 --load-seconds 0.5 --enable-metrics")
+
+
+def _state(pid: int) -> str | None:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
+        return None
+    return data[data.rfind(b")") + 2:][:1].decode()
+
+
+def test_group_members_are_the_group_stopped_ones_too_zombies_not() -> None:
+    leader = subprocess.Popen(["/bin/sh", "-c", "sleep 60 & sleep 0.1 & wait"],
+                              start_new_session=True)
+    try:
+        wait_until(lambda: len(group_members(leader.pid)) == 3, 10, "shell and two children")
+        wait_until(lambda: len(group_members(leader.pid)) == 2, 10, "the short child gone")
+        os.killpg(leader.pid, signal.SIGSTOP)
+        members = group_members(leader.pid)
+        wait_until(lambda: all(_state(p) == "T" for p in members), 10, "all stopped")
+        assert group_members(leader.pid) == members == sorted(members)
+        assert group_is_ours(leader.pid, start_time(leader.pid))
+        assert not group_is_ours(leader.pid, (start_time(leader.pid) or 0) + 1)
+        os.killpg(leader.pid, signal.SIGKILL)  # stopped processes die of SIGKILL too
+        wait_until(lambda: group_members(leader.pid) == [], 10, "group gone")
+        # The reaped-later leader is a zombie, not a member; the number still names the group.
+        assert group_is_ours(leader.pid, None)
+    finally:
+        leader.kill()
+        leader.wait()
+    assert group_members(leader.pid) == []
+
+
+def test_what_a_killed_launch_process_leaves_is_killed_before_the_relaunch(
+        supervised, tmp_path: Path) -> None:
+    # A launch process with a child that does not die with it (a scheduler without
+    # PDEATHSIG, still holding the GPUs).
+    wrapper = tmp_path / "with_child.sh"
+    wrapper.write_text("#!/bin/sh\nsleep 600 &\nexec \"$@\"\n")
+    run = supervised(1, prompts=20, command=f"/bin/sh {wrapper} {SIM}")
+    assert agent("up", str(run.spec)).returncode == 0
+    wait_status(run.run_dir, lambda s: s["servers"][0]["state"] == "healthy", 60, "healthy")
+    pid = run.servers()[0]["pid"]
+    children = [p for p in group_members(pid) if p != pid]
+    assert len(children) == 1 and alive(children[0])
+    os.kill(pid, signal.SIGKILL)  # the launch process alone
+    back = wait_status(run.run_dir, lambda s: s["servers"][0]["state"] == "healthy"
+                       and s["servers"][0]["restarts"] == 1, 90, "relaunched")
+    assert back["servers"][0]["pid"] != pid
+    assert not alive(children[0]), "the child of the killed server outlived it"
+    assert group_members(pid) == []
+    log = (run.run_dir / "logs" / "supervisor.log").read_text()
+    killed = log.index(f"process {children[0]} still there 10 s after its launch process died")
+    assert killed < log.rindex("server 0 launched"), "relaunched before the group was gone"
+
+
+def test_a_stopped_server_is_down_then_killed_at_once_and_relaunched(supervised) -> None:
+    run = supervised(1, prompts=20, servers={"health_timeout_s": 3, "health_failures_to_down": 2,
+                                             "hung_restart_s": 1})
+    assert agent("up", str(run.spec)).returncode == 0
+    wait_status(run.run_dir, lambda s: s["servers"][0]["state"] == "healthy", 60, "healthy")
+    pid = run.servers()[0]["pid"]
+    os.killpg(pid, signal.SIGSTOP)
+    down = wait_status(run.run_dir, lambda s: s["servers"][0]["state"] == "down", 60,
+                       "the stopped server called down")
+    assert down["servers"][0]["pid"] == pid and down["servers"][0]["restarts"] == 0
+    assert _state(pid) == "T", "down while it is still there, stopped: hung, not dead"
+    wait_status(run.run_dir, lambda s: s["servers"][0]["state"] == "healthy"
+                and s["servers"][0]["restarts"] == 1, 60, "relaunched")
+    assert not alive(pid) and group_members(pid) == []
+    log = (run.run_dir / "logs" / "supervisor.log").read_text()
+    assert f"server 0 is hung: SIGKILL to its process group (process {pid})" in log
+    assert "still there 10 s after SIGTERM" not in log
+
+
+def test_a_new_supervisor_adopts_a_server_that_is_still_loading(supervised) -> None:
+    run = supervised(1, prompts=20, sim_args="--load-seconds 300")  # 15 s at its time scale
+    assert agent("up", str(run.spec)).returncode == 0
+    wait_until(lambda: (run.run_dir / "servers.json").exists(), 30, "the server launched")
+    loading = run.servers()[0]
+    os.kill(run.supervisor_pid(), signal.SIGKILL)
+    r = agent("resume", str(run.run_dir))
+    assert r.returncode == 0, r.stderr
+    snap = wait_status(run.run_dir, lambda s: s["source"] == "supervisor", 30, "new supervisor")
+    assert snap["servers"][0]["state"] == "starting"
+    ready = wait_status(run.run_dir, lambda s: s["servers"][0]["state"] == "healthy", 60,
+                        "the adopted server ready")
+    assert ready["servers"][0]["pid"] == loading["pid"] and ready["servers"][0]["restarts"] == 0
+    assert run.servers()[0]["start_ticks"] == loading["start_ticks"] == start_time(loading["pid"])
+    log = (run.run_dir / "logs" / "supervisor.log").read_text()
+    assert f"server 0 adopted while it loads (pid {loading['pid']}" in log
+    assert rpc_status(run.run_dir)["servers"][0]["started_at"] == loading["started_at"]
+    assert time.time() - loading["started_at"] < 120
