@@ -9,19 +9,22 @@ import asyncio
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from agents.engine.client import Completion, RequestFailed, chat
+from agents.engine.client import Aborted, Completion, RequestFailed, chat
 
 WINDOW = 32  # answers per server that make its pace
 MIN_ANSWERS = 4  # fewer than this: the pace of the whole fleet, or SGLang's own figures
 LATENCIES_KEPT = 256
 # A request whose deadline is not known yet (no answer anywhere) looks again this often.
 RECHECK_S = 0.5
+# After /abort_request, how long the server's answer to the aborted request (finish_reason
+# abort) is waited for. A loaded real server took 2-4 s: it ends the request at its next step.
+ABORT_CONFIRM_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,16 @@ class Pace:
         self._latencies.append(latency_s)
         if tokens > 0:
             self._answers.setdefault(server, deque(maxlen=WINDOW)).append((tokens, latency_s))
+
+    def observe_aborted(self, server: int, tokens: int, elapsed_s: float) -> None:
+        """A copy given up at its deadline that the server confirmed, with the tokens it had
+        made: its pace joins the server's. When the server slowed for every request (a load
+        elsewhere on the machine, a burst of other clients), the copies in flight all miss
+        together and none answers; without this their retries would meet the same stale
+        pace, miss in turn and end as failed. Not an answer: the median latency stays as it
+        was."""
+        if tokens > 0 and elapsed_s > 0:
+            self._answers.setdefault(server, deque(maxlen=WINDOW)).append((tokens, elapsed_s))
 
     def observe_figures(self, server: int, gen_throughput: float | None,
                         running: int | None) -> None:
@@ -101,24 +114,48 @@ def _ratio(answers: Any) -> float | None:
     return tokens / seconds if seconds > 0 else None
 
 
+class DeadlineMiss(RequestFailed):
+    """A copy given up at its deadline after `elapsed_s`. With `tokens` (not None) the server
+    confirmed it: it answered finish_reason abort to our `/abort_request` with that many
+    tokens generated, and holds nothing of it any more."""
+
+    def __init__(self, message: str, elapsed_s: float, tokens: int | None) -> None:
+        super().__init__("deadline", message, True, True)
+        self.elapsed_s = elapsed_s
+        self.tokens = tokens
+
+    @property
+    def confirmed(self) -> bool:
+        return self.tokens is not None
+
+
 async def send_within(client: httpx.AsyncClient, payload: dict[str, Any],
-                      deadline: Callable[[], Deadline | None], factor: float) -> Completion:
-    """The chat request, given up when it runs past `deadline()` (asked again as the pace
-    becomes known): RequestFailed("deadline"). The HTTP request is cancelled on the way out
-    (deadline or cancellation); aborting it on the server is the caller's (it knows the key)."""
+                      deadline: Callable[[], Deadline | None], factor: float,
+                      abort: Callable[[], Awaitable[bool]]) -> Completion:
+    """The chat request, given up when it runs past its deadline: DeadlineMiss. `deadline()`
+    is asked again as the pace becomes known, and the deadline only ever grows: the pace of
+    the answers coming in rises as the batch in flight shrinks (at the tail), and a request
+    that ran its first part in the full batch is not late by the pace of the last ones.
+
+    At the deadline `abort()` asks the server to let the request go (True when it took the
+    request), and the server's own answer to it, finish_reason abort, is waited for up to
+    ABORT_CONFIRM_S: then the server holds nothing of it. An answer that comes instead (it
+    ended before the abort reached it) is the result. The HTTP request is cancelled on the way
+    out (a deadline, an unconfirmed abort, or the caller's cancellation)."""
     start = time.monotonic()
     call = asyncio.ensure_future(chat(client, payload))
     call.add_done_callback(_retrieve)
+    fixed: Deadline | None = None
     try:
         while True:
             d = deadline()
+            if d is not None and (fixed is None or d.seconds > fixed.seconds):
+                fixed = d
             wait = RECHECK_S
-            if d is not None:
-                left = start + d.seconds - time.monotonic()
+            if fixed is not None:
+                left = start + fixed.seconds - time.monotonic()
                 if left <= 0:
-                    raise RequestFailed("deadline", f"no answer after "
-                                        f"{time.monotonic() - start:.1f} s ({d.why(factor)})",
-                                        True, True)
+                    return await _give_up(call, time.monotonic() - start, fixed, factor, abort)
                 wait = min(wait, left)
             done, _ = await asyncio.wait({call}, timeout=wait)
             if done:
@@ -126,3 +163,19 @@ async def send_within(client: httpx.AsyncClient, payload: dict[str, Any],
     finally:
         if not call.done():
             call.cancel()
+
+
+async def _give_up(call: asyncio.Future[Completion], waited: float, d: Deadline, factor: float,
+                   abort: Callable[[], Awaitable[bool]]) -> Completion:
+    message = f"no answer after {waited:.1f} s ({d.why(factor)})"
+    if await abort():
+        done, _ = await asyncio.wait({call}, timeout=ABORT_CONFIRM_S)
+        if done:
+            exc = call.exception()
+            if exc is None:
+                return call.result()
+            if isinstance(exc, Aborted):
+                raise DeadlineMiss(f"{message}; aborted on the server after "
+                                   f"{exc.completion_tokens} tokens", waited,
+                                   exc.completion_tokens)
+    raise DeadlineMiss(f"{message}; the server did not confirm the abort", waited, None)

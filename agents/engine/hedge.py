@@ -23,6 +23,7 @@ class Copy:
     server: Server
     task: asyncio.Task[Completion]
     hedge: bool
+    rid: str
     started: float = field(default_factory=time.monotonic)
 
 
@@ -39,19 +40,25 @@ class Outcome:
 class Job:
     """One request (index, attempt) and its copies in flight."""
 
-    def __init__(self, index: int, attempt: int) -> None:
+    def __init__(self, index: int, attempt: int, engine: str) -> None:
         self.index = index
         self.attempt = attempt
-        self.rid = rid_for(index, attempt)
+        self.engine = engine
+        self.sent = 0  # copies sent, retries and hedges included: each has its own rid
         self.payload: dict[str, Any] | None = None
         self.max_tokens = 0
         self.copies: list[Copy] = []
         self.hedges = 0
         self._changed = asyncio.Event()
 
-    def add(self, server: Server, task: asyncio.Task[Completion], hedge: bool) -> None:
+    def next_rid(self) -> str:
+        """The rid of the next copy to send (agents/engine/client.py `rid_for`)."""
+        self.sent += 1
+        return rid_for(self.index, self.attempt, self.sent, self.engine)
+
+    def add(self, server: Server, task: asyncio.Task[Completion], hedge: bool, rid: str) -> None:
         task.add_done_callback(_retrieve)
-        self.copies.append(Copy(server, task, hedge))
+        self.copies.append(Copy(server, task, hedge, rid))
         self._changed.set()
 
     @property
@@ -69,7 +76,8 @@ class Job:
         last: Outcome | None = None
         while True:
             if not self.copies:
-                assert last is not None, f"job {self.rid}: settle() with no copy sent"
+                assert last is not None, \
+                    f"job {self.index}:{self.attempt}: settle() with no copy sent"
                 return last
             self._changed.clear()
             changed = asyncio.ensure_future(self._changed.wait())

@@ -7,6 +7,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ from agents.engine import prompts as prompt_io
 from agents.engine.accounting import Meter, Totals, server_progress
 from agents.engine.autotune import AutoTuner
 from agents.engine.client import Completion, RequestFailed, abort, build_request, make_client
-from agents.engine.deadlines import Pace, send_within
+from agents.engine.deadlines import DeadlineMiss, Pace, send_within
 from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.hedge import Hedger, Job
 from agents.engine.journal import Journal, failed, requeued, retry_applied
@@ -100,10 +101,14 @@ class Engine:
         self._live = 0  # request tasks not yet finished
         self._idle = asyncio.Event()
         # The request path: jobs in flight by index, the feeder's pass at its end (the tail
-        # can start), deadline misses, hedges won, abort_request refusals said once a server.
+        # can start), deadline misses (and those the server confirmed aborted), hedges won,
+        # abort_request refusals said once a server; this engine's part of every rid.
         self._jobs: dict[int, Job] = {}
         self._fed = False
         self.deadline_misses = 0
+        self.aborts_confirmed = 0
+        self.late_answers = 0
+        self._rid_tag = secrets.token_hex(4)
         self.hedges_won = 0
         self._abort_refused: set[int] = set()
         self.writer_error: str | None = None
@@ -356,7 +361,7 @@ class Engine:
         Each try is a copy on a server, given up at its deadline (requeued, reason
         `deadline`, against `retries`); at the tail the hedger may add a copy elsewhere. The
         job yields one answer, so there is one line per index and attempt."""
-        job = Job(prompt.index, attempt)
+        job = Job(prompt.index, attempt, self._rid_tag)
         self._jobs[prompt.index] = job
         tries = 0
         queued = False  # once queued for the writer, the writer clears _inflight
@@ -366,8 +371,7 @@ class Engine:
                 assert self.control is not None
                 job.max_tokens = self.control.max_tokens
                 job.payload = build_request(prompt, self.spec.model_name, job.max_tokens,
-                                            self.gen.sampling, self.gen.chat_template_kwargs,
-                                            rid=job.rid)
+                                            self.gen.sampling, self.gen.chat_template_kwargs)
                 self._send_copy(job, server, False)
                 outcome = await job.settle()
                 server = outcome.server
@@ -422,52 +426,74 @@ class Engine:
     def _send_copy(self, job: Job, server: Server, hedge: bool) -> None:
         """Send the job's request to `server` (a slot the caller acquired, released when the
         copy ends)."""
-        job.add(server, asyncio.get_running_loop().create_task(self._copy(job, server)), hedge)
+        rid = job.next_rid()
+        task = asyncio.get_running_loop().create_task(self._copy(job, server, rid))
+        job.add(server, task, hedge, rid)
         if hedge:
             log.info("index %d attempt %d: hedged on server %d after %.1f s",
                      job.index, job.attempt, server.number, time.monotonic() - job.started)
             crash_point("hedge_sent")  # tests: killed with two copies out
 
-    async def _copy(self, job: Job, server: Server) -> Completion:
+    async def _copy(self, job: Job, server: Server, rid: str) -> Completion:
         assert job.payload is not None
         max_tokens = job.max_tokens
+        past_deadline = False
+
+        async def give_up() -> bool:
+            nonlocal past_deadline
+            past_deadline = True
+            return await self._abort_now(server, rid)
+
         try:
-            result = await send_within(server.client, job.payload,
+            result = await send_within(server.client, {**job.payload, "rid": rid},
                                        lambda: self.pace.deadline(server.number, max_tokens),
-                                       self.gen.deadline_factor)
+                                       self.gen.deadline_factor, give_up)
         except RequestFailed as exc:
-            if exc.error == "deadline":
+            if isinstance(exc, DeadlineMiss):
                 self.deadline_misses += 1
-                self._abort(server, job.rid)
+                if exc.tokens is not None:
+                    self.aborts_confirmed += 1
+                    self.pace.observe_aborted(server.number, exc.tokens, exc.elapsed_s)
                 log.warning("index %d attempt %d on server %d: %s", job.index, job.attempt,
                             server.number, exc.message)
+            elif exc.error in ("timeout", "transport"):
+                # The server may still run it: SGLang notices a closed connection only at
+                # its next disconnect check (every 4 s), and keeps the rid until then.
+                self._abort(server, rid)
             if exc.server_fault and self.dispatcher.record_failure(
                 server, f"{exc.error}: {exc.message}", exc.error == "connect"
             ):
                 log.warning("server %d (%s) set aside: %s", server.number, server.url, exc)
             raise
         except asyncio.CancelledError:
-            self._abort(server, job.rid)  # another copy answered first, or the run drains
+            self._abort(server, rid)  # another copy answered first, or the run drains
             raise
         finally:
             await self.dispatcher.release(server)  # never leak a server slot
+        if past_deadline:
+            # It ended before our abort reached it (SGLang still counts the abort): kept.
+            self.late_answers += 1
+            log.info("index %d attempt %d on server %d: answered after %.1f s, past its "
+                     "deadline, while its abort was on the way: the answer stands", job.index,
+                     job.attempt, server.number, result.latency_s)
         self.pace.observe(server.number, result.completion_tokens, result.latency_s)
         return result
 
     def _abort(self, server: Server, rid: str) -> None:
         """SGLang's /abort_request for a request given up on, in the background (best
         effort: the server also aborts when it sees the connection closed)."""
+        self._spawn(self._abort_now(server, rid))
 
-        async def send() -> None:
-            status = await abort(server.client, rid, self.spec.servers.admin_api_key)
-            if status in (401, 403) and server.number not in self._abort_refused:
-                self._abort_refused.add(server.number)
-                log.warning("server %d (%s) refused /abort_request (HTTP %d): set [servers] "
-                            "admin_api_key to its --admin-api-key; until then a request given "
-                            "up on runs there until it ends", server.number, server.url,
-                            status)
-
-        self._spawn(send())
+    async def _abort_now(self, server: Server, rid: str) -> bool:
+        """/abort_request for `rid`; True when the server took it (200)."""
+        status = await abort(server.client, rid, self.spec.servers.admin_api_key)
+        if status in (401, 403) and server.number not in self._abort_refused:
+            self._abort_refused.add(server.number)
+            log.warning("server %d (%s) refused /abort_request (HTTP %d): set [servers] "
+                        "admin_api_key to its --admin-api-key; until then a request given "
+                        "up on runs there until SGLang sees its connection closed",
+                        server.number, server.url, status)
+        return status == 200
 
     @property
     def tail(self) -> bool:
@@ -871,6 +897,7 @@ class Engine:
             s3_error=up.last_error if up else None, batches_closed=self._batches_closed,
             message=self.message or self._control_note, tail=self.tail, hedges=self.hedger.sent,
             hedges_won=self.hedges_won, deadline_misses=self.deadline_misses,
+            aborts_confirmed=self.aborts_confirmed, late_answers=self.late_answers,
             answers_by_limit=dict(t.answers_by_limit),
             truncated_by_limit=dict(t.truncated_by_limit),
             shard=self.shard.text if self.shard else None, campaign=self.spec.run.campaign,

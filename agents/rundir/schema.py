@@ -201,11 +201,15 @@ class Progress(msgspec.Struct):
     message: str | None = None
     # The tail: the work left is under the capacity in flight, so idle servers take second
     # copies of the oldest requests (hedges). Hedges sent and won, and requests given up at
-    # their deadline, count since this engine started.
+    # their deadline, count since this engine started; of those misses, the ones the server
+    # confirmed it aborted (it answered finish_reason abort to our /abort_request); and
+    # answers that came past their deadline while the abort was on the way (kept, not misses).
     tail: bool = False
     hedges: int = 0
     hedges_won: int = 0
     deadline_misses: int = 0
+    aborts_confirmed: int = 0
+    late_answers: int = 0
     # The ETA's p10-p90 band, from the spread of the recent rate (None until it is known).
     eta_p10_hours: float | None = None
     eta_p90_hours: float | None = None

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from agents.rundir.gpugroups import GpusSpec, gpus_problem, groups
+from agents.rundir.sampling import sampling_problem
 from agents.rundir.shard import Shard, parse_shard
 
 # Where `concurrency_per_server = "auto"` starts: low, so that a server whose knee is low is
@@ -346,6 +347,9 @@ def _check(spec: RunSpec, path: Path) -> None:
         if not 0 < gen.min_deadline_s <= gen.request_timeout_s:
             fail("[generate] min_deadline_s", f"must be positive and at most request_timeout_s "
                  f"({gen.request_timeout_s:g}), got {gen.min_deadline_s:g}")
+        bad_sampling = sampling_problem(gen.sampling)
+        if bad_sampling is not None:
+            fail(f"[generate.sampling] {bad_sampling[0]}", bad_sampling[1])
         prompts = spec.prompts_path
         if not prompts.is_file():
             fail("[generate] prompts", f"no such file: {prompts}")

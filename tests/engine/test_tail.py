@@ -25,7 +25,7 @@ from agents.engine.client import (
     parse_response,
     rid_for,
 )
-from agents.engine.deadlines import Pace
+from agents.engine.deadlines import ABORT_CONFIRM_S, Deadline, DeadlineMiss, Pace, send_within
 from agents.engine.prompts import Prompt
 from agents.rundir.spec import SpecError, load_spec
 from tests.engine.runs import (
@@ -99,8 +99,9 @@ async def test_abort_request_by_rid_with_the_admin_key(sims) -> None:
     duplicate; the aborted request answers with finish_reason "abort"."""
     sim = sims("--api-key", "sk-1", "--admin-api-key", "adm", "--hang-rate", "1")
     prompt = Prompt(index=7, id=None, messages=[{"role": "user", "content": "hi"}], tools=None)
-    body = build_request(prompt, "default", 64, {}, {}, rid=rid_for(7, 2))
-    assert body["rid"] == "7:2"
+    rid = rid_for(7, 2, 1, "e0")
+    body = build_request(prompt, "default", 64, {}, {}, rid=rid)
+    assert body["rid"] == "7:2:1:e0"
     client = make_client(sim.url, 4, 2.0, 30.0, "sk-1")
     try:
         held = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
@@ -110,9 +111,9 @@ async def test_abort_request_by_rid_with_the_admin_key(sims) -> None:
         with pytest.raises(RequestFailed) as err:
             parse_response(dup.status_code, dup.content, 0.0)
         assert dup.status_code == 400 and err.value.retryable  # later, not never
-        assert await abort(client, "7:2", None) == 401  # the API key is not the admin key
+        assert await abort(client, rid, None) == 401  # the API key is not the admin key
         assert _state(sim.url)["hung"] == 1
-        assert await abort(client, "7:2", "adm") == 200
+        assert await abort(client, rid, "adm") == 200
         resp = await asyncio.wait_for(held, 30)
         with pytest.raises(Aborted):
             parse_response(resp.status_code, resp.content, 0.0)
@@ -128,6 +129,65 @@ async def test_abort_request_by_rid_with_the_admin_key(sims) -> None:
 
 
 # -- deadlines ---------------------------------------------------------------------------------
+
+def test_an_aborted_copys_pace_joins_its_servers() -> None:
+    """Copies given up together when the server slowed for all of them: their confirmed
+    tokens make the pace their retries meet, not the pace from before the slowdown."""
+    pace = Pace(factor=3.0, min_s=1.0, max_s=600.0)
+    for _ in range(4):
+        pace.observe(0, 100, 1.0)
+    assert pace.tokens_per_s(0) == 100.0
+    for _ in range(8):
+        pace.observe_aborted(0, 30, 3.0)  # 10 tokens/s: the server is ten times slower now
+    assert pace.tokens_per_s(0) == pytest.approx((400 + 240) / (4 + 24))
+    pace.observe_aborted(0, 0, 3.0)  # queued, nothing made: no pace
+    assert pace.tokens_per_s(0) == pytest.approx((400 + 240) / (4 + 24))
+    assert pace.median_latency() == 1.0  # answers only
+
+
+async def test_a_copys_deadline_only_grows_and_the_server_confirms_its_abort(sims) -> None:
+    """The pace rises while a copy runs (the answers of a shrinking batch): the deadline the
+    copy started with stands. At it, /abort_request, and the server's own answer to the
+    aborted request (finish_reason abort) confirms the miss; an abort the server refused is
+    not waited for."""
+    sim = sims("--hang-rate", "1")
+    client = make_client(sim.url, 4, 2.0, 30.0, None)
+    prompt = Prompt(index=1, id=None, messages=[{"role": "user", "content": "hi"}], tools=None)
+    try:
+        rid = rid_for(1, 1, 1, "e0")
+        body = build_request(prompt, "default", 64, {}, {}, rid=rid)
+        asked = iter([Deadline(1.0, 192.0, 64)])
+
+        def deadline() -> Deadline:  # then ten times faster: 0.1 s
+            return next(asked, Deadline(0.1, 1920.0, 64))
+
+        async def abort_it() -> bool:
+            return await abort(client, rid, None) == 200
+
+        start = time.monotonic()
+        with pytest.raises(DeadlineMiss) as miss:
+            await send_within(client, body, deadline, 3.0, abort_it)
+        assert 1.0 <= miss.value.elapsed_s < 1.0 + ABORT_CONFIRM_S
+        assert miss.value.confirmed and miss.value.tokens is not None
+        assert "aborted on the server after" in miss.value.message
+        assert _state(sim.url)["aborted_total"] == 1
+
+        async def refused() -> bool:
+            return False
+
+        rid2 = rid_for(1, 1, 2, "e0")
+        start = time.monotonic()
+        with pytest.raises(DeadlineMiss) as miss:
+            await send_within(client, {**body, "rid": rid2}, lambda: Deadline(0.3, 640.0, 64),
+                              3.0, refused)
+        assert not miss.value.confirmed and time.monotonic() - start < 5.0
+        assert "did not confirm the abort" in miss.value.message
+        # The HTTP request was closed on the way out: the server lets it go by itself.
+        await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 0, 30,
+                                "the unconfirmed copy released on its closed connection")
+    finally:
+        await client.aclose()
+
 
 @pytest.mark.parametrize("retries", [1, 3])
 def test_a_server_that_hangs_misses_deadlines_is_set_aside_and_its_work_goes_on(
@@ -163,6 +223,7 @@ def test_a_server_that_hangs_misses_deadlines_is_set_aside_and_its_work_goes_on(
         assert all(e["attempt"] == 1 for e in requeued)
     progress = json.loads((engine.run_dir / "progress.json").read_text())
     assert progress["deadline_misses"] >= len(failed) + len(requeued) > 0
+    assert progress["aborts_confirmed"] == progress["deadline_misses"]
     # each miss was aborted on the server through /abort_request, nothing is left held
     state = _state(hung.url)
     assert state["abort_requests"] >= progress["deadline_misses"]
