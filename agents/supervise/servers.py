@@ -439,24 +439,29 @@ class ServerSet:
                 continue
             info: ServerInfo | None = None
             metrics: MetricsReading | None = None
+            error: str | None = None
             try:
-                info = await self._server_info(server, info_paths)
+                info, error = await fetch_server_info(self._client, server.url, info_paths,
+                                                      self.cfg.api_key)
                 met = await self._client.get(f"{server.url}/metrics", timeout=5.0)
                 if met.status_code == 200:  # 404 without --enable-metrics
                     metrics = read_metrics(met.text)
             except httpx.HTTPError as exc:
-                server.last_error = f"figures from {server.url}: {type(exc).__name__}: {exc}"
+                error = f"figures from {server.url}: {type(exc).__name__}: {exc}"
+            if error is not None:
+                self._figures_failed(server, error)
             reader = await asyncio.to_thread(tail.poll)
             server.figures = server_figures(info, metrics, reader.combined(), reader.startup)
             server.metrics_at = time.time()
             if self.on_figures is not None:
                 self.on_figures(server)
 
-    async def _server_info(self, server: ManagedServer, paths: list[str]) -> ServerInfo | None:
-        info, error = await fetch_server_info(self._client, server.url, paths, self.cfg.api_key)
-        if error is not None:
+    def _figures_failed(self, server: ManagedServer, error: str) -> None:
+        """A figures read that failed is the server's last error only while it still serves:
+        a read cut short by the server's death ("Server disconnected") said nothing of it and
+        hid what did ("process N exited"), and a server down says why itself."""
+        if server.state in ("healthy", "degraded") and server.process_alive():
             server.last_error = error
-        return info
 
     async def stop_all(self) -> None:
         for server in self.servers:

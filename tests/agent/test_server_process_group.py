@@ -1,6 +1,7 @@
 """A server is its whole process group: what a launch process leaves behind is killed before a
 new server takes its GPUs, a hung (stopped) server is killed at once, and a new supervisor
-adopts a server that is still loading instead of starting its load over. The real SGLang
+adopts a server that is still loading instead of starting its load over, and a figures read
+that the server's death cut short does not hide why it died. The real SGLang
 0.5.23 behaviour behind each rule is in tests/real/test_supervise_real.py."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from agents.rundir.spec import load_spec
 from agents.supervise.procinfo import alive, group_is_ours, group_members, start_time
+from agents.supervise.servers import ServerSet
 from tests.plugins.supervised import agent, rpc_status, wait_status
 from tests.servers.ports import wait_until
 
@@ -110,3 +113,28 @@ def test_a_new_supervisor_adopts_a_server_that_is_still_loading(supervised) -> N
     assert f"server 0 adopted while it loads (pid {loading['pid']}" in log
     assert rpc_status(run.run_dir)["servers"][0]["started_at"] == loading["started_at"]
     assert time.time() - loading["started_at"] < 120
+
+
+def test_a_figures_read_cut_by_the_servers_death_does_not_hide_why(tmp_path: Path) -> None:
+    # Seen on the real server: SIGKILL cut the supervisor's /metrics read ("Server
+    # disconnected without sending a response"), and that became the dead server's last error
+    # in place of "process N exited".
+    (tmp_path / "prompts.jsonl").write_text("")
+    (tmp_path / "run.toml").write_text(
+        '[run]\nname = "t"\n[servers]\ngpus = [0]\nmodel = "m"\ncommand = "sleep 1"\n'
+        '[generate]\nprompts = "prompts.jsonl"\n')
+    servers = ServerSet(load_spec(tmp_path / "run.toml"), tmp_path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    server = servers.servers[0]
+    server.pid, server.start_ticks, server.state = dead.pid, 1, "healthy"
+    server.last_error = f"process {dead.pid} exited"
+    servers._figures_failed(server, "figures from x: RemoteProtocolError: Server disconnected")
+    assert server.last_error == f"process {dead.pid} exited"
+    me = os.getpid()
+    server.pid, server.start_ticks = me, start_time(me)
+    servers._figures_failed(server, "figures from x: ReadTimeout")  # alive: it says so
+    assert server.last_error == "figures from x: ReadTimeout"
+    server.state = "down"
+    servers._figures_failed(server, "figures from x: ConnectError")
+    assert server.last_error == "figures from x: ReadTimeout"
