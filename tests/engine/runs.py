@@ -49,7 +49,8 @@ def write_prompts(path: Path, n: int, bad_every: int = 0, seed: int = 0) -> set[
 
 
 def write_spec(path: Path, prompts: Path, urls: list[str], s3: Any = None,
-               **generate: Any) -> Path:
+               sampling: dict[str, Any] | None = None,
+               chat_template_kwargs: dict[str, Any] | None = None, **generate: Any) -> Path:
     gen = {"prompts": str(prompts), "max_tokens": 256, "concurrency_per_server": 8,
            "batch_size": 50, "retries": 3, "request_timeout_s": 30.0,
            "connect_timeout_s": 2.0, "drain_timeout_s": 30.0}
@@ -58,7 +59,12 @@ def write_spec(path: Path, prompts: Path, urls: list[str], s3: Any = None,
              "", "[servers]", f"urls = {json.dumps(urls)}", "", "[generate]"]
     for k, v in gen.items():
         lines.append(f"{k} = {json.dumps(v)}")
-    lines += ["[generate.sampling]", "temperature = 0.6", "top_p = 0.95"]
+    lines.append("[generate.sampling]")
+    for k, v in (sampling if sampling is not None else {"temperature": 0.6, "top_p": 0.95}).items():
+        lines.append(f"{k} = {json.dumps(v)}")
+    if chat_template_kwargs:
+        lines.append("[generate.chat_template_kwargs]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in chat_template_kwargs.items()]
     if s3 is not None:
         lines += ["", "[s3]", f'bucket = "{s3.bucket}"', 'prefix = "runs/test/"',
                   f'endpoint_url = "{s3.endpoint_url}"', 'region = "us-east-1"']
