@@ -126,8 +126,9 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
 
 
 def server_line(s: ServerStatus) -> str:
-    """One server as SGLang reports it (running, queue, generation throughput, KV usage,
-    accept length): `–` for what it does not give, never 0."""
+    """One server as SGLang reports it (running, queue, generation throughput, KV usage and
+    pool, requests it retracted recently, accept length): `–` for what it does not give,
+    never 0."""
     def fig(value: float | None, fmt: str) -> str:
         return DASH if value is None else format(value, fmt)
 
@@ -136,9 +137,16 @@ def server_line(s: ServerStatus) -> str:
     kv = DASH if s.token_usage is None else f"{100 * s.token_usage:.0f}%"
     group = s.gpu_group
     on = f" (GPU {gpu_label(group)})" if group else ""
+    if s.kv_capacity_tokens:
+        kv += f" of {s.kv_capacity_tokens:,}"
+    retracted = ""
+    if s.retracted_recent:
+        retracted = f", {s.retracted_recent} retracted recently"
+        if s.retracted_total is not None:
+            retracted += f" ({s.retracted_total} since it started)"
     return (f"  server {s.number}{on} {shown(s.state)}: running {fig(s.running_reqs, 'd')}, "
             f"queue {fig(s.queued_reqs, 'd')}, {fig(s.gen_throughput, ',.0f')} tok/s, "
-            f"KV {kv}, accept {fig(accept, '.2f')}")
+            f"KV {kv}{retracted}, accept {fig(accept, '.2f')}")
 
 
 def _alerting(entries: list[NodeStatus]) -> bool:

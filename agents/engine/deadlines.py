@@ -1,7 +1,8 @@
 """Request deadlines from what the servers actually do: each server's recent decode pace
 (output tokens per second per request, from its answers, or from SGLang's metrics until it has
-answered), the time that pace gives a request's max_tokens, and a send that gives up at
-`deadline_factor` x that time (clamped to [min_deadline_s, request_timeout_s])."""
+answered), the time that pace gives a request's max_tokens, lengthened by the turns it may
+wait on the server (its queue, a retraction: agents/engine/serverload.py), and a send that
+gives up at `deadline_factor` x that time (clamped to [min_deadline_s, request_timeout_s])."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import httpx
 
 from agents.engine.client import Aborted, Completion, RequestFailed, chat
+from agents.engine.serverload import ServerLoad
 
 WINDOW = 32  # answers per server that make its pace
 MIN_ANSWERS = 4  # fewer than this: the pace of the whole fleet, or SGLang's own figures
@@ -32,10 +34,16 @@ class Deadline:
     seconds: float
     tokens_per_s: float  # the per-request pace it was computed from
     max_tokens: int
+    # Answers' times allowed for beyond the request's own: its turn in the server's queue
+    # (queued / running, as the server reported it) and one more when the server retracted
+    # requests while this one was out (a retracted request waits its turn again).
+    waits: float = 0.0
+    why_waits: str = ""
 
     def why(self, factor: float) -> str:
+        turns = f" x (1 + {self.waits:.2g}: {self.why_waits})" if self.waits else ""
         return (f"{factor:g} x {self.max_tokens} tokens at {self.tokens_per_s:.1f} tokens/s "
-                f"per request = {self.seconds:.1f} s")
+                f"per request{turns} = {self.seconds:.1f} s")
 
 
 class Pace:
@@ -48,6 +56,8 @@ class Pace:
         self._answers: dict[int, deque[tuple[int, float]]] = {}
         self._hints: dict[int, float] = {}
         self._latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
+        self._load: dict[int, ServerLoad] = {}
+        self._retracted_at: dict[int, float] = {}  # the last reading that saw a retraction
 
     def observe(self, server: int, tokens: int, latency_s: float) -> None:
         """One answer (any copy's, a hedge that lost included)."""
@@ -74,6 +84,36 @@ class Pace:
         if gen_throughput and running and gen_throughput > 0 and running > 0:
             self._hints[server] = gen_throughput / running
 
+    def observe_load(self, server: int, load: ServerLoad, now: float | None = None) -> None:
+        """SGLang's own figures of a server, each refresh (the supervisor's): its pace, as
+        observe_figures, and its queue and retractions, which deadlines allow for."""
+        now = time.monotonic() if now is None else now
+        self.observe_figures(server, load.gen_throughput, load.running)
+        before = self._load.get(server)
+        if before is not None and load.retracted > before.retracted:
+            self._retracted_at[server] = now
+        self._load[server] = load
+
+    def waits(self, server: int, sent_at: float | None) -> tuple[float, str]:
+        """Answers' times a request sent at `sent_at` may spend waiting on this server,
+        beyond its own: a queued request has not started, and a retracted one starts again
+        behind the queue. Without this a server short of KV room, whose queue is long and
+        which retracts, would see its waiting requests aborted and sent again, each time to
+        the back of the same queue: a storm of aborts and resends that adds only work."""
+        load = self._load.get(server)
+        if load is None:
+            return 0.0, ""
+        waits, why = 0.0, []
+        if load.queued:
+            running = max(load.running or 0, 1)
+            waits += load.queued / running
+            why.append(f"{load.queued} queued behind {load.running or 0} running")
+        at = self._retracted_at.get(server)
+        if at is not None and (sent_at is None or at >= sent_at):
+            waits += 1.0
+            why.append("it retracted requests")
+        return waits, ", ".join(why)
+
     def tokens_per_s(self, server: int) -> float | None:
         """Tokens per second per request: output tokens over the time they took (queue and
         prefill included, so the pace errs slow), this server's, else SGLang's, else the
@@ -87,15 +127,19 @@ class Pace:
         fleet = [a for w in self._answers.values() for a in w]
         return _ratio(fleet) if len(fleet) >= MIN_ANSWERS else None
 
-    def deadline(self, server: int, max_tokens: int) -> Deadline | None:
-        """None when deadlines are off or nothing is known yet (request_timeout_s holds)."""
+    def deadline(self, server: int, max_tokens: int,
+                 sent_at: float | None = None) -> Deadline | None:
+        """None when deadlines are off or nothing is known yet (request_timeout_s holds).
+        `sent_at` (monotonic): when the copy went out, for the retractions since."""
         if self.factor <= 0:
             return None
         pace = self.tokens_per_s(server)
         if not pace:
             return None
-        seconds = min(max(self.factor * max_tokens / pace, self.min_s), self.max_s)
-        return Deadline(seconds, pace, max_tokens)
+        waits, why = self.waits(server, sent_at)
+        seconds = min(max(self.factor * max_tokens / pace * (1 + waits), self.min_s),
+                      self.max_s)
+        return Deadline(seconds, pace, max_tokens, waits, why)
 
     def median_latency(self) -> float | None:
         """The median latency of recent answers, fleet-wide (None before any)."""

@@ -42,6 +42,7 @@ from agents.engine.reassigned import (
     refuse_if_reassigned,
 )
 from agents.engine.retries import find_truncated
+from agents.engine.serverload import ServerLoad
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
 from agents.rundir.atomic import atomic_write
@@ -444,9 +445,11 @@ class Engine:
             past_deadline = True
             return await self._abort_now(server, rid)
 
+        sent_at = time.monotonic()
         try:
             result = await send_within(server.client, {**job.payload, "rid": rid},
-                                       lambda: self.pace.deadline(server.number, max_tokens),
+                                       lambda: self.pace.deadline(server.number, max_tokens,
+                                                                  sent_at),
                                        self.gen.deadline_factor, give_up)
         except RequestFailed as exc:
             if isinstance(exc, DeadlineMiss):
@@ -514,11 +517,12 @@ class Engine:
                 except Exception:  # a bug here must not end hedging unseen, nor the run
                     log.exception("hedging failed; the run goes on without this round")
 
-    def server_figures(self, number: int, gen_throughput: float | None,
-                       running: int | None) -> None:
+    def server_figures(self, number: int, load: ServerLoad) -> None:
         """SGLang's own figures for a server (the supervisor reads /metrics and the decode
-        log): its pace, for deadlines before it has answered."""
-        self.pace.observe_figures(number, gen_throughput, running)
+        log): its pace before it has answered and the waits deadlines allow for (its queue,
+        its retractions), and what the auto-tuner checks a level against."""
+        self.pace.observe_load(number, load)
+        self.autotune.observe(number, load)
 
     async def _journal(self, events: list[Any]) -> None:
         """Append to failures.jsonl, all or nothing. When it cannot be written (a full disk)

@@ -365,6 +365,8 @@ class GpuStats(msgspec.Struct):
 # A server's GPUs as a node may send them: ids 0 or more, at most MAX_GROUP, at least one.
 GpuGroup = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
                      msgspec.Meta(min_length=1, max_length=MAX_GROUP)]
+# A count a node sends (requests, tokens): never negative.
+Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class ServerStatus(msgspec.Struct):
@@ -390,6 +392,14 @@ class ServerStatus(msgspec.Struct):
     gen_throughput: float | None = None
     token_usage: float | None = None
     effective_max_running: int | None = None
+    # The KV pool (every DP rank's together) and the tokens running requests hold in it;
+    # requests SGLang retracted (sent back to its queue when decoding ran out of KV room):
+    # its own counter since it started, and those the supervisor saw in the last [alerts]
+    # window_s (from that counter or the log's retraction lines). None: not known.
+    kv_capacity_tokens: Count | None = None
+    kv_used_tokens: Count | None = None
+    retracted_total: Count | None = None
+    retracted_recent: Count | None = None
     accept_length: float | None = None  # the engine's, from per-request spec details
     accept_length_cum: float | None = None  # /server_info avg_spec_accept_length
     accept_length_window: float | None = None  # /metrics sglang:spec_accept_length

@@ -133,6 +133,12 @@ class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
     min_samples: int = 20
     # A run done or stopped while its servers still hold the GPUs this long: "GPUs idle".
     idle_alert_s: float = 900.0
+    # KV pressure on a server (kv_pressure:N): this many requests retracted in the window
+    # (0: never on retractions), or its queue growing while it runs under its cap with token
+    # usage at least kv_usage (SGLang keeps room for running requests to grow, so a pool
+    # that admits nothing more can show 0.7-0.8).
+    kv_retractions: int = 1
+    kv_usage: float = 0.7
 
 
 class S3Section(msgspec.Struct, forbid_unknown_fields=True):
@@ -419,7 +425,8 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
     at_least_zero: list[tuple[str, float]] = [
         ("[servers] restart_backoff_s", sv.restart_backoff_s),
         ("[servers] max_restarts", sv.max_restarts),
-        ("[alerts] min_samples", spec.alerts.min_samples)]
+        ("[alerts] min_samples", spec.alerts.min_samples),
+        ("[alerts] kv_retractions", spec.alerts.kv_retractions)]
     at_least_one: list[tuple[str, int]] = [
         ("[servers] health_failures_to_down", sv.health_failures_to_down)]
     gen = spec.generate
@@ -438,7 +445,8 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
     for key, share in (("failure_rate", spec.alerts.failure_rate),
                        ("truncation_rate", spec.alerts.truncation_rate),
                        ("empty_rate", spec.alerts.empty_rate),
-                       ("accept_drop", spec.alerts.accept_drop)):
+                       ("accept_drop", spec.alerts.accept_drop),
+                       ("kv_usage", spec.alerts.kv_usage)):
         if not 0.0 <= share <= 1.0:
             fail(f"[alerts] {key}", f"must be between 0 and 1, got {share}")
 

@@ -31,6 +31,47 @@ class _Sample:
 
 # What to do about idle GPUs: console actions (console/actions.py), named by id.
 IDLE_ACTIONS = ["pull", "decommission"]
+KV_ADVICE = "lower concurrency or max_tokens"
+
+
+@dataclass(slots=True)
+class _Queue:
+    """One look at a server's queue and KV pool (SGLang's own figures)."""
+
+    t: float
+    queued: int
+    token_usage: float | None
+    running: int | None
+
+
+def kv_pressure(s: ServerStatus, looks: deque[_Queue], cfg: AlertsSection,
+                window_s: float) -> str | None:
+    """Why server `s` is short of KV room, or None: it retracted at least `kv_retractions`
+    requests in the window (running requests sent back to its queue, to start again), or its
+    queue grew over the window while it ran under its running cap with token usage at least
+    `kv_usage` (what else keeps a request waiting there is the cap: over_cap's case)."""
+    where_ = f"server {s.number} ({where(s)})"
+    usage = f"token usage {s.token_usage:.0%}" if s.token_usage is not None else \
+        "token usage unknown"
+    queued = f"{s.queued_reqs} queued" if s.queued_reqs is not None else "queue unknown"
+    pool = f" of {s.kv_capacity_tokens:,} tokens" if s.kv_capacity_tokens else ""
+    minutes = f"{window_s / 60:g} min"
+    if cfg.kv_retractions and s.retracted_recent is not None and \
+            s.retracted_recent >= cfg.kv_retractions:
+        return (f"{where_}: KV cache full: {s.retracted_recent} request"
+                f"{'s' if s.retracted_recent != 1 else ''} retracted in the last {minutes} "
+                f"({usage}{pool}, {queued}): {KV_ADVICE}")
+    if len(looks) < 2:
+        return None
+    first, last = looks[0], looks[-1]
+    cap = s.effective_max_running
+    if last.queued > first.queued and last.token_usage is not None and \
+            last.token_usage >= cfg.kv_usage and \
+            (cap is None or last.running is None or last.running < cap):
+        running = f"{last.running} running" if last.running is not None else "running unknown"
+        return (f"{where_}: KV cache full: its queue grew from {first.queued} to {last.queued} "
+                f"in the last {minutes} with {running} ({usage}{pool}): {KV_ADVICE}")
+    return None
 
 
 def servers_held_idle(progress: Progress | None, servers: list[ServerStatus]
@@ -77,6 +118,7 @@ class AlertBook:
         # (since, max_tokens): when each limit was set, to name the ones answers ran with.
         self._limits: list[tuple[float, int]] = []
         self._idle_from: float | None = None
+        self._queues: dict[int, deque[_Queue]] = {}  # each server's looks over the window
 
     def _note_limit(self, now: float, max_tokens: int) -> None:
         if not self._limits or self._limits[-1][1] != max_tokens:
@@ -104,6 +146,18 @@ class AlertBook:
             text += (f": those cut under a lower limit can run again at {now_limit} "
                      "(retry truncated)")
         return text
+
+    def _queue_looks(self, s: ServerStatus, now: float) -> deque[_Queue]:
+        """The server's queue over the window, with this look; a server whose figures are
+        unknown now (down, not read yet) starts over."""
+        looks = self._queues.setdefault(s.number, deque())
+        if s.queued_reqs is None or s.state not in ("healthy", "degraded"):
+            looks.clear()
+            return looks
+        looks.append(_Queue(now, s.queued_reqs, s.token_usage, s.running_reqs))
+        while len(looks) > 1 and now - looks[0].t > self.cfg.window_s:
+            looks.popleft()
+        return looks
 
     def _window(self, now: float) -> _Sample | None:
         while len(self._samples) > 1 and now - self._samples[1].t >= self.cfg.window_s:
@@ -143,6 +197,10 @@ class AlertBook:
                       f"server {s.number} ({where(s)}) "
                       f"is {s.state}"
                       + (f": {s.last_error}" if s.last_error else ""), s.number)
+            looks = self._queue_looks(s, now)
+            why = kv_pressure(s, looks, self.cfg, self.cfg.window_s)
+            if why is not None:
+                alert(f"kv_pressure:{s.number}", "warning", why, s.number)
             cap = s.effective_max_running
             if cap is not None and s.limit > cap:
                 alert(f"over_cap:{s.number}", "warning",

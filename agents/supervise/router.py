@@ -16,6 +16,7 @@ import httpx
 from agents.engine.router import RouterWorker, read_workers, workers_url
 from agents.rundir.schema import ServerState, ServerStatus
 from agents.rundir.spec import RunSpec
+from agents.supervise.retractions import Retractions
 from agents.supervise.servers import fetch_server_info, figure_fields
 from agents.supervise.sglang_metrics import (
     MetricsReading,
@@ -42,6 +43,7 @@ class Worker:
     health_checked_at: float | None = None
     metrics_at: float | None = None
     figures: ServerFigures = field(default_factory=ServerFigures)
+    retractions: Retractions = field(default_factory=lambda: Retractions(300.0))
     info_paths: list[str] = field(default_factory=lambda: ["/server_info", "/get_server_info"])
 
 
@@ -85,6 +87,7 @@ class RouterWatch:
     def __init__(self, spec: RunSpec, first_number: int = 1) -> None:
         assert spec.servers.urls, "router = true needs the router's URL"
         self.cfg = spec.servers
+        self.window_s = spec.alerts.window_s
         self.url = spec.servers.urls[0].rstrip("/")
         self.first_number = first_number
         self.workers: dict[str, Worker] = {}  # by URL, in the order first listed
@@ -141,7 +144,8 @@ class RouterWatch:
             seen.add(url)
             worker = self.workers.get(url)
             if worker is None:
-                worker = Worker(number=self.first_number + len(self.workers), url=url)
+                worker = Worker(number=self.first_number + len(self.workers), url=url,
+                                retractions=Retractions(self.window_s))
                 self.workers[url] = worker
                 log.info("router worker %d: %s", worker.number, url)
                 self._tasks.append(asyncio.create_task(self._watch(worker),
@@ -195,6 +199,7 @@ class RouterWatch:
             worker.last_error = error
         worker.figures = server_figures(info, metrics, None)
         worker.metrics_at = time.time()
+        worker.retractions.add(worker.metrics_at, worker.figures)
 
     # -- the snapshot -----------------------------------------------------------------------
 
@@ -205,7 +210,7 @@ class RouterWatch:
             st = ServerStatus(number=w.number, url=w.url, state=w.state,
                               port=urlsplit(w.url).port, last_error=w.last_error,
                               health_checked_at=w.health_checked_at, metrics_at=w.metrics_at)
-            for key, value in figure_fields(w.figures).items():
+            for key, value in figure_fields(w.figures, w.retractions).items():
                 setattr(st, key, value)
             out.append(st)
         return out

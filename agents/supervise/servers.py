@@ -41,6 +41,7 @@ from agents.supervise.procinfo import (
     same_process,
     start_time,
 )
+from agents.supervise.retractions import Retractions
 from agents.supervise.sglang_log import LogTail
 from agents.supervise.sglang_metrics import (
     MetricsReading,
@@ -125,6 +126,7 @@ class ManagedServer:
     healthy_since: float | None = None
     proc: subprocess.Popen[bytes] | None = None
     figures: ServerFigures = field(default_factory=ServerFigures)
+    retractions: Retractions = field(default_factory=lambda: Retractions(300.0))
 
     @property
     def gpu(self) -> int:
@@ -155,7 +157,8 @@ class ServerSet:
         self.run_dir = run_dir
         self.on_state = on_state
         self.on_figures = on_figures
-        self.servers = [ManagedServer(number=i, gpus=g, port=self.cfg.base_port + i)
+        self.servers = [ManagedServer(number=i, gpus=g, port=self.cfg.base_port + i,
+                                      retractions=Retractions(spec.alerts.window_s))
                         for i, g in enumerate(self.cfg.groups)]
         self.closed = False
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.health_timeout_s,
@@ -451,8 +454,10 @@ class ServerSet:
             if error is not None:
                 self._figures_failed(server, error)
             reader = await asyncio.to_thread(tail.poll)
-            server.figures = server_figures(info, metrics, reader.combined(), reader.startup)
+            server.figures = server_figures(info, metrics, reader.combined(), reader.startup,
+                                            reader.retracted)
             server.metrics_at = time.time()
+            server.retractions.add(server.metrics_at, server.figures)
             if self.on_figures is not None:
                 self.on_figures(server)
 
@@ -480,7 +485,7 @@ class ServerSet:
         return {
             "gpu": server.gpu, "gpus": list(server.gpus), "port": server.port, "pid": server.pid,
             "restarts": server.restarts, "started_at": server.started_at,
-            **figure_fields(server.figures),
+            **figure_fields(server.figures, server.retractions),
             "health_checked_at": server.health_checked_at, "metrics_at": server.metrics_at,
         }
 
@@ -489,9 +494,13 @@ def _processes(pids: list[int]) -> str:
     return f"process{'es' if len(pids) != 1 else ''} {' '.join(map(str, pids))}"
 
 
-def figure_fields(f: ServerFigures) -> dict[str, Any]:
-    """SGLang's own figures as fields of a snapshot's server row (ServerStatus)."""
+def figure_fields(f: ServerFigures, retractions: Retractions | None = None) -> dict[str, Any]:
+    """SGLang's own figures as fields of a snapshot's server row (ServerStatus), with the
+    retractions seen over the alert window when they are counted."""
     return {
+        "kv_capacity_tokens": f.kv_capacity_tokens, "kv_used_tokens": f.kv_used_tokens,
+        "retracted_total": f.retracted_total,
+        "retracted_recent": retractions.recent() if retractions is not None else None,
         "running_reqs": f.running_reqs, "queued_reqs": f.queued_reqs,
         "gen_throughput": f.gen_throughput, "token_usage": f.token_usage,
         "effective_max_running": f.effective_max_running,

@@ -1,6 +1,6 @@
 """Reading an SGLang server's log: its decode and prefill batch lines (every form from 0.2 to
-0.5.23, single- and multi-rank), its start-up facts, and one figure per server from the
-newest line of each DP rank. Shapes: tests/fixtures/sglang/SOURCES.md."""
+0.5.23, single- and multi-rank), its retraction lines, its start-up facts, and one figure per
+server from the newest line of each DP rank. Shapes: tests/fixtures/sglang/SOURCES.md."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ _GRAPH = re.compile(r"\w+ graph")
 _CAPACITY = re.compile(r"\bmax_total_num_tokens=\d+")
 _PAIR = re.compile(r"(\w+)=([-0-9.]+)")
 _UVICORN = re.compile(r"Uvicorn running on (\S+)")
+# The scheduler's line when decoding runs out of KV room and running requests go back to the
+# queue: "KV cache pool is full. Retract requests." (0.5.x), "Decode out of memory happened."
+# and "decode out of memory happened," before, "Testing retraction." in SGLang's debug mode.
+_RETRACT = re.compile(r"(?:\[(?P<prefix>[^\[\]\n]*)\]\s*)?(?:KV cache pool is full\. Retract "
+                      r"requests\.|[Dd]ecode out of memory happened[.,]|Testing retraction\.) "
+                      r"#retracted_reqs: (?P<n>\d+)")
 READY = "The server is fired up and ready to roll!"
 # What the supervisor writes into a server's log before each launch (servers.py): what
 # follows is a new process, so what came before no longer describes the server.
@@ -135,6 +141,29 @@ def _prefix(prefix: str | None) -> tuple[str | None, dict[str, int]]:
         else:
             words.append(word)
     return (" ".join(words) or None), ranks
+
+
+@dataclass(slots=True)
+class Retraction:
+    """One retraction line: `retracted` running requests went back to the queue."""
+
+    timestamp: str | None
+    ranks: dict[str, int]
+    retracted: int
+
+    def seconds(self) -> float | None:
+        return timestamp_seconds(self.timestamp)
+
+
+def parse_retraction(line: str) -> Retraction | None:
+    """The retraction record in a log line, wherever it starts; None if there is none."""
+    if "#retracted_reqs" not in line:
+        return None
+    m = _RETRACT.search(line)
+    if m is None:
+        return None
+    timestamp, ranks = _prefix(m.group("prefix"))
+    return Retraction(timestamp, ranks, int(m.group("n")))
 
 
 def timestamp_seconds(stamp: str | None) -> float | None:
@@ -291,6 +320,11 @@ class LogReader:
         self.startup = Startup()
         self.record_lines: list[int] = []
         self.launches = 0  # launch markers read: what follows the last is the process now
+        # Requests retracted in the lines read since the launch (or since the tail began):
+        # a counter the way SGLang's own is, counted once per DP rank (every TP rank of a
+        # group logs the same retraction; the line of TP0, or of an untagged rank, counts).
+        self.retracted = 0
+        self.last_retraction: Retraction | None = None
 
     def reset(self) -> None:
         self.decode.clear()
@@ -298,6 +332,8 @@ class LogReader:
         self.startup = Startup()
         self.records.clear()
         self.record_lines.clear()
+        self.retracted = 0
+        self.last_retraction = None
 
     def feed_line(self, line: str) -> None:
         self.lines += 1
@@ -311,6 +347,12 @@ class LogReader:
             if self.keep_all:
                 self.records.append(rec)
                 self.record_lines.append(self.lines)
+            return
+        retraction = parse_retraction(line)
+        if retraction is not None:
+            if retraction.ranks.get("TP", 0) == 0:
+                self.retracted += retraction.retracted
+                self.last_retraction = retraction
             return
         st = self.startup
         if READY in line:

@@ -63,6 +63,10 @@ class MetricsReading:
     spec_accept_length: float | None = None  # the window mean; SGLang prints 0.0 when off
     prompt_tokens_total: int | None = None
     generation_tokens_total: int | None = None
+    # Requests retracted since the server started (`num_retracted_requests_total`, every
+    # rank); 0 from a server that has the gauge `num_retracted_reqs` but has not retracted yet
+    # (a counter with labels is printed only once it has counted); None without either.
+    retracted_total: int | None = None
     max_running_requests: int | None = None  # old generation's config gauges
     max_total_num_tokens: int | None = None
     context_len: int | None = None
@@ -133,6 +137,11 @@ def read_metrics(text: str) -> MetricsReading:
     for attr in ("prompt_tokens_total", "generation_tokens_total"):
         series = [s.value for s in samples if s.name == attr]
         setattr(out, attr, int(sum(series)) if series else None)
+    retracted = [s.value for s in samples if s.name == "num_retracted_requests_total"]
+    if retracted:
+        out.retracted_total = int(sum(retracted))
+    elif "num_retracted_reqs" in names:
+        out.retracted_total = 0
     for attr in ("max_running_requests", "max_total_num_tokens", "context_len"):
         setattr(out, attr, _int(total((attr,))))
     for name in (*_RUNNING, *_QUEUED, "gen_throughput", "token_usage"):
@@ -304,10 +313,20 @@ class ServerFigures:
     accept_length_cum: float | None = None  # /server_info avg_spec_accept_length
     effective_max_running: int | None = None
     accept_length_log: float | None = None  # the decode lines, combined over ranks
+    # The KV pool: its size (every DP rank's together) and the tokens running requests hold.
+    kv_capacity_tokens: int | None = None
+    kv_used_tokens: int | None = None
+    # Requests retracted (sent back to the queue when decoding ran out of KV room): SGLang's
+    # own counter since the server started, and the retraction lines of its log read since
+    # the supervisor began to watch it (or since its launch). Two counters of the same
+    # events, each used for deltas of its own (agents/supervise/retractions.py).
+    retracted_total: int | None = None
+    retracted_log: int | None = None
 
 
 def server_figures(info: ServerInfo | None, metrics: MetricsReading | None,
-                   log: Combined | None, startup: Startup | None = None) -> ServerFigures:
+                   log: Combined | None, startup: Startup | None = None,
+                   retracted_log: int | None = None) -> ServerFigures:
     """One set of figures from every source there is. Live gauges come from /metrics, else
     from the log's newest line per rank; a DP server whose /metrics has no rank labels
     (0.4.4-0.4.9) shows one rank there, so its log wins. Throughput falls back to
@@ -346,4 +365,17 @@ def server_figures(info: ServerInfo | None, metrics: MetricsReading | None,
             info.max_running_requests if info is not None else None,
             metrics.max_running_requests if metrics is not None else None]
     fig.effective_max_running = next((c for c in caps if c is not None), None)
+    # /metrics has one pool size per DP rank (summed here); /server_info and the start-up
+    # line give the first rank's.
+    per_rank = [info.max_total_num_tokens if info is not None else None,
+                _int(startup.capacity.get("max_total_num_tokens")) if startup is not None
+                else None]
+    capacity = [metrics.max_total_num_tokens if metrics is not None else None,
+                *(c * dp if c is not None else None for c in per_rank)]
+    fig.kv_capacity_tokens = next((c for c in capacity if c is not None), None)
+    used = [metrics.num_used_tokens if use_metrics and metrics is not None else None,
+            log.num_tokens if log is not None else None]
+    fig.kv_used_tokens = next((u for u in used if u is not None), None)
+    fig.retracted_total = metrics.retracted_total if metrics is not None else None
+    fig.retracted_log = retracted_log
     return fig

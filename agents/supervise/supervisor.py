@@ -21,6 +21,7 @@ from agents import __version__
 from agents.engine import EngineError
 from agents.engine.moves import adopt_offline, cede_offline
 from agents.engine.run import Engine
+from agents.engine.serverload import ServerLoad
 from agents.engine.store import StoreError
 from agents.engine.uploader import S3Unavailable
 from agents.rpc.campaign import (
@@ -46,8 +47,10 @@ from agents.rundir.control import audit
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, SpecError, load_run_spec
 from agents.supervise.alerts import AlertBook
+from agents.supervise.retractions import Retractions
 from agents.supervise.router import RouterWatch
 from agents.supervise.servers import ManagedServer, ServerSet
+from agents.supervise.sglang_metrics import ServerFigures
 from agents.supervise.snapshot import (
     DiskWatch,
     Nvml,
@@ -56,6 +59,7 @@ from agents.supervise.snapshot import (
     server_row,
 )
 from agents.supervise.train_job import ask_to_stop
+from agents.supervise.urlwatch import UrlServer, UrlWatch
 
 log = logging.getLogger("fleetdeck.supervisor")
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
@@ -71,6 +75,8 @@ class Supervisor:
         self.servers: ServerSet | None = None
         # [servers] router = true: the router's workers, watched (rows 1.. after the router's).
         self.router: RouterWatch | None = None
+        # [servers] urls without a router: servers started elsewhere, their figures watched.
+        self.urlwatch: UrlWatch | None = None
         self.engine: Engine | None = None
         self.engine_task: asyncio.Task[int] | None = None
         self._rerun_job = False  # an adopt reached an ending engine: start the next one
@@ -143,6 +149,8 @@ class Supervisor:
                 await self.servers.close()
             if self.router is not None:
                 await self.router.close()
+            if self.urlwatch is not None:
+                await self.urlwatch.close()
             try:
                 sock.unlink()
             except FileNotFoundError:
@@ -155,6 +163,9 @@ class Supervisor:
         if self.spec.servers.router:
             self.router = RouterWatch(self.spec)
             self.router.start()
+        elif self.spec.servers.urls and not self.spec.servers.gpus:
+            self.urlwatch = UrlWatch(self.spec, on_figures=self._url_figures)
+            self.urlwatch.start()
         if not self.spec.servers.gpus:
             return
         self.servers = ServerSet(self.spec, self.run_dir, on_state=self._server_state,
@@ -172,10 +183,19 @@ class Supervisor:
                                          server.state in ("healthy", "degraded"))
 
     def _server_figures(self, server: ManagedServer) -> None:
-        """SGLang's own pace reaches the engine's deadlines before a server has answered."""
+        self._to_engine(server.number, server.figures, server.retractions)
+
+    def _url_figures(self, server: UrlServer) -> None:
+        self._to_engine(server.number, server.figures, server.retractions)
+
+    def _to_engine(self, number: int, f: ServerFigures, retractions: Retractions) -> None:
+        """SGLang's own figures reach the engine: its deadlines (the pace before a server
+        has answered, its queue and retractions) and its auto-tuner (a level that only
+        queues or retracts)."""
         if self.engine is not None:
-            f = server.figures
-            self.engine.server_figures(server.number, f.gen_throughput, f.running_reqs)
+            self.engine.server_figures(number, ServerLoad(
+                running=f.running_reqs, queued=f.queued_reqs, gen_throughput=f.gen_throughput,
+                token_usage=f.token_usage, retracted=retractions.seen))
 
     async def start_job(self) -> None:
         if self.job_running():
@@ -301,6 +321,8 @@ class Supervisor:
                     setattr(st, key, value)
                 st.last_error = m.last_error or st.last_error
                 st.gpu_stats = self.nvml.stats(m.gpus)
+            elif self.urlwatch is not None:
+                self.urlwatch.overlay(st)
             servers.append(st)
         if self.router is not None:
             if servers and self.router.last_error:

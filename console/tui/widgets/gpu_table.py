@@ -1,8 +1,9 @@
 """The generation node's per-GPU table, one row per server (its GPU, or its group of GPUs:
-`0-1`): server state, restarts, in-flight / limit, the auto-tuner's chosen level with its
-measured tokens/s-by-concurrency curve, queue, req/s, tok/s, accept length, failures, and the
-GPUs' utilisation, memory, temperature and power, the group's together (`–` where NVML is
-absent: unknown is never drawn as 0)."""
+`0-1`): server state (with the requests it retracted recently: its KV pool is full),
+restarts, in-flight / limit, the auto-tuner's chosen level with its measured
+tokens/s-by-concurrency curve, queue, req/s, tok/s, accept length, failures, and the GPUs'
+utilisation, memory, temperature and power, the group's together (`–` where NVML is absent:
+unknown is never drawn as 0)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool,
     if s.metrics_at is not None and at - s.metrics_at > METRICS_STALE_S:
         state += f" ({f.age(at - s.metrics_at)} old)"  # its metrics: not refreshed
         tone = "warn"
+    if s.retracted_recent:
+        # Its KV pool is full: requests go back to its queue and start again (kv_pressure).
+        state += f", {s.retracted_recent} retracted"
+        tone = "warn" if tone in (None, "good") else tone
     g = s.gpu_stats
     util = mem = temp = power = f.DASH
     if g is not None:
