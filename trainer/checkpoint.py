@@ -5,9 +5,11 @@ exact, without the target's embeddings and head, which stay the target's), its
 `config.json` and `dflash.py` as trainer/contract.py describes them (loadable by SGLang,
 z-lab and SpecForge; `fleetdeck-train export` makes the bfloat16 serving copy),
 `training_state.pt` (step, optimizer, schedule, random state), `metrics.json`, and after
-`evaluate` its `evaluation.json`. A folder appears whole or not at all (written under a
-temporary name, then renamed). `best.json` names the checkpoint with the highest held-out
-accept length.
+`evaluate` its `evaluation.json`. A folder appears whole or not at all, and survives a power
+loss once saved: it is sealed (trainer/sealed.py: every file fsynced, a sha256 manifest, the
+rename and its folder fsynced); a resume takes the newest one that is still whole, saying
+which it skipped and why, and older ones are pruned only after a new one is sealed.
+`best.json` names the checkpoint with the highest held-out accept length.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import random
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,8 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from agents.rundir.atomic import atomic_write
-from trainer import contract
+from agents.rundir.atomic import atomic_write, make_dirs
+from trainer import contract, sealed
 from trainer.contract import CONFIG, MODELING, WEIGHTS, ContractError, TargetFacts
 from trainer.drafter import DFlashDraftModel
 
@@ -67,17 +70,48 @@ def step_of(path: Path) -> int:
 
 
 def checkpoints(folder: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+    """Folders named as checkpoints, oldest first (whole or not: see `newest_good`)."""
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.is_dir() and NAME.match(p.name)
-             and (p / WEIGHTS).exists() and (p / STATE).exists()]
+    found = [p for p in folder.iterdir() if p.is_dir() and NAME.match(p.name)]
     return sorted(found, key=step_of)
 
 
+def problem(ckpt: Path, hashes: bool = True) -> str | None:
+    """Why `ckpt` cannot be resumed from (None when it can): not whole as sealed, or, for a
+    checkpoint from before sealing (no manifest), its weights or state missing."""
+    if not sealed.is_sealed(ckpt):
+        missing = [n for n in (WEIGHTS, STATE) if not (ckpt / n).is_file()]
+        return f"not sealed and {', '.join(missing)} missing" if missing else None
+    return sealed.check(ckpt, hashes)
+
+
+@dataclass
+class Found:
+    """The newest checkpoint that can be resumed from, and the newer ones skipped (why)."""
+
+    path: Path | None = None
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    unsealed: bool = False  # from before sealing: whole as far as can be told, not verified
+
+    def said(self) -> str:
+        return "; ".join(f"skipped {p.name}: {why}" for p, why in self.skipped)
+
+
+def newest_good(folder: Path, hashes: bool = True) -> Found:
+    found = Found()
+    for ckpt in reversed(checkpoints(folder)):
+        why = problem(ckpt, hashes)
+        if why is None:
+            found.path, found.unsealed = ckpt, not sealed.is_sealed(ckpt)
+            return found
+        found.skipped.append((ckpt, why))
+    return found
+
+
 def latest(folder: Path) -> Path | None:
-    found = checkpoints(folder)
-    return found[-1] if found else None
+    """The newest checkpoint that is whole (sizes checked, not hashes)."""
+    return newest_good(folder, hashes=False).path
 
 
 def read_best(folder: Path) -> Best | None:
@@ -100,7 +134,8 @@ def write_drafter(folder: Path, drafter: DFlashDraftModel, dtype: torch.dtype) -
 
 def save(folder: Path, epoch: int, step: int, drafter: DFlashDraftModel,
          state: dict[str, Any], metrics: Metrics) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write the checkpoint and seal it; when this returns it survives a power loss."""
+    make_dirs(folder)
     final = folder / name(epoch, step)
     tmp = folder / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -108,9 +143,7 @@ def save(folder: Path, epoch: int, step: int, drafter: DFlashDraftModel,
     write_drafter(tmp, drafter, torch.float32)
     torch.save(state, tmp / STATE)
     (tmp / "metrics.json").write_bytes(msgspec.json.encode(metrics))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    sealed.commit(tmp, final)
     return final
 
 
@@ -129,14 +162,22 @@ def update_best(folder: Path, ckpt: Path, metrics: Metrics) -> bool:
     return True
 
 
-def prune(folder: Path, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints and the best."""
+def prune(folder: Path, keep_last: int, saved: Path | None = None) -> None:
+    """Delete all but the newest `keep_last` checkpoints, the best and `saved` (the one just
+    sealed: call this only after `save` returned), and what killed saves left behind."""
     best = read_best(folder)
     keep = {p.name for p in checkpoints(folder)[-keep_last:]}
+    if saved is not None:
+        keep.add(saved.name)
     if best is not None:
         keep.add(best.checkpoint)
     for p in checkpoints(folder):
         if p.name not in keep:
+            sealed.remove(p)
+    mine = f"-{os.getpid()}"
+    for p in folder.iterdir():
+        if p.is_dir() and p.name.startswith((".tmp-", ".old-", ".trash-")) \
+                and not p.name.endswith(mine):
             shutil.rmtree(p, ignore_errors=True)
 
 
@@ -157,12 +198,14 @@ def choose(out: Path, which: str) -> Path:
             raise CheckpointError(f"{path}: no such checkpoint folder")
         return path
     best = read_best(out) if which == "best" else None
-    if best is not None and (out / best.checkpoint / WEIGHTS).exists():
+    if best is not None and problem(out / best.checkpoint, hashes=False) is None:
         return out / best.checkpoint
-    last = latest(out)
-    if last is None:
-        raise CheckpointError(f"{out}: no checkpoint yet; run `fleetdeck-train train` first")
-    return last
+    found = newest_good(out, hashes=False)
+    if found.path is None:
+        why = f" ({found.said()})" if found.skipped else ""
+        raise CheckpointError(f"{out}: no whole checkpoint yet{why}; run `fleetdeck-train "
+                              "train` first")
+    return found.path
 
 
 def load_drafter(ckpt: Path, target: TargetFacts | None,

@@ -20,9 +20,10 @@ from typing import Any
 import msgspec
 import torch
 
+from agents.rundir.atomic import make_dirs
 from agents.rundir.spec import RunSpec, TrainSection
 from trainer import checkpoint as ckpt
-from trainer import contract
+from trainer import contract, sealed
 from trainer.contract import MASK_TOKEN, TargetFacts
 from trainer.drafter import DFlashDraftModel
 from trainer.evaluate import EvalReport, read_evaluation
@@ -148,14 +149,6 @@ def _refuse_foreign(out: Path) -> None:
                           "--to or move it away")
 
 
-def _swap_in(tmp: Path, out: Path) -> None:
-    old = out.parent / f".tmp-old-{out.name}-{os.getpid()}"
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _step(source: Path) -> int | None:
     try:
         return msgspec.json.decode((source / "metrics.json").read_bytes(),
@@ -179,7 +172,7 @@ def export(spec: RunSpec, cfg: TrainSection, which: str = "best",
         raise ExportError(f"{source / contract.CONFIG}: {problem}")
     out = Path(to).expanduser().absolute() if to else paths.run_dir / "export"
     _refuse_foreign(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(out.parent)
     # Older checkpoints lack the target's depth; the run's target supplies it.
     drafter.config.num_target_layers = facts.num_layers
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
@@ -197,11 +190,12 @@ def export(spec: RunSpec, cfg: TrainSection, which: str = "best",
             tau_prompts=evaluation.prompts if evaluation else None, files=[],
             sglang_args=sglang_args(paths.target, out, drafter.block_size))
         (tmp / README).write_text(_readme(report, drafter, facts, evaluation))
-        report.files = sorted([*(p.name for p in tmp.iterdir()), MARKER])
+        report.files = sorted([*(p.name for p in tmp.iterdir()), MARKER, sealed.MANIFEST])
         (tmp / MARKER).write_bytes(msgspec.json.format(msgspec.json.encode(report)))
         # What was written must meet the whole contract; a failure here is a bug of ours.
         contract.check(tmp, facts, full=True)
-        _swap_in(tmp, out)
+        # Sealed and renamed into place durably; an older export is removed only after.
+        sealed.commit(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.rundir.atomic import atomic_write
+from agents.rundir.atomic import atomic_write, fsync_dir, make_dirs
 from agents.rundir.schema import BatchLine
 from trainer.render import RenderError, Sample, Supervise, render, tokenize
 from trainer.report import (
@@ -104,7 +104,7 @@ def _samples(settings: PrepareSettings, jobs: Iterator[tuple[str, BatchLine, Sup
 
 def prepare(settings: PrepareSettings) -> PrepareReport:
     out = settings.out
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     tok = load_tokenizer(settings.tokenizer)
     if settings.data.startswith("s3://"):
         folder = fetch_s3(settings.data, out / "source", settings.endpoint_url)
@@ -193,12 +193,16 @@ def _report(settings: PrepareSettings, stats: ReadStats, counts: dict[str, int],
 
 
 def _install(out: Path, tmp: Path, passed: bool) -> None:
-    """Old shards go either way (they describe other data); new ones only past the gate."""
+    """Old shards go either way (they describe other data); new ones only past the gate,
+    fsynced and their names too before the report (written after) says they are there."""
     for old in list(out.glob("train-*.arrow")) + list(out.glob("heldout-*.arrow")):
         old.unlink()
     if passed:
         for new in sorted(tmp.glob("*.arrow")):
+            with open(new, "rb") as f:
+                os.fsync(f.fileno())
             new.replace(out / new.name)
+    fsync_dir(out)
 
 
 def _encode(report: PrepareReport) -> bytes:

@@ -6,6 +6,9 @@ and count the same steps): on every update at most every `every_s`
 seconds, always at a checkpoint and at the end, and by a heartbeat thread in between, so
 that `updated_at` stays fresh through a long step, evaluation or checkpoint and the agent
 and console read it like a generation run's heartbeat (agents.rundir.schema.TrainProgress).
+The forced writes (the start, each checkpoint, the end) are fsynced, the heartbeat's are not:
+after a power loss the file is there, whole and at least as new as the last checkpoint, so
+the supervisor's resume passes `--resume` to a run that has checkpoints.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from agents.rundir.atomic import atomic_write
+from agents.rundir.atomic import atomic_write, make_dirs
 from agents.rundir.schema import RunStatus, TrainProgress, encoder
 
 
@@ -33,7 +36,7 @@ class ProgressWriter:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent)
         self.state = TrainProgress(
             step=0, total_steps=total_steps, epoch=0, loss=None, accuracy=[],
             accept_length=None, tokens_per_s=0.0, lr=0.0, eta_hours=None,
@@ -49,14 +52,14 @@ class ProgressWriter:
                     value = None  # JSON has no NaN; unknown is null
                 setattr(self.state, key, value)
             if force or time.time() - self._last >= self.every_s:
-                self._write()
+                self._write(durable=force)
 
-    def _write(self) -> None:
+    def _write(self, durable: bool = False) -> None:
         now = time.time()
         self.state.updated_at = now
         self.state.elapsed_hours = (now - self.started_at) / 3600.0
-        # Not fsynced: a heartbeat rewritten every few seconds; the rename keeps it whole.
-        atomic_write(self.path, encoder.encode(self.state), durable=False)
+        # The heartbeat is not fsynced (rewritten every few seconds; the rename keeps it whole).
+        atomic_write(self.path, encoder.encode(self.state), durable=durable)
         self._last = now
 
     def start_heartbeat(self) -> None:

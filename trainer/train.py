@@ -243,21 +243,33 @@ class Trainer:
                     "data ([train] data and prepare's settings)")
 
     def _offer(self, ship: bool) -> Offer:
-        """What to resume from, found in this node's checkpoints; `ship`: with the files."""
+        """What to resume from, found in this node's checkpoints: the newest that is whole
+        (its manifest's sha256 checked), naming the newer ones skipped; `ship`: with the
+        files."""
         out = self.paths.output
-        last = ckpt.latest(out)
+        named = ckpt.checkpoints(out)
         if not self.opts.resume:
-            if last is not None:
-                return Offer(refusal=f"{out}: holds checkpoints ({last.name}); pass --resume "
-                             "to continue them, or move them away to start over")
+            if named:
+                return Offer(refusal=f"{out}: holds checkpoints ({named[-1].name}); pass "
+                             "--resume to continue them, or move them away to start over")
             return Offer()
-        if last is None:
+        if not named:
             return Offer(note=f"nothing to resume in {out}: starting from step 0")
+        found = ckpt.newest_good(out)
+        last = found.path
+        if last is None:
+            return Offer(refusal=f"{out}: no whole checkpoint to resume from ({found.said()}); "
+                         "move them away to start over")
+        notes = [found.said()] if found.skipped else []
+        if found.unsealed:
+            notes.append(f"{last.name} is from before sealed checkpoints (no manifest): "
+                         "resumed from unverified")
+        note = "; ".join(notes) or None
         if not ship:
-            return Offer(folder=str(last))
+            return Offer(folder=str(last), note=note)
         try:
             return Offer(folder=str(last), weights=(last / ckpt.WEIGHTS).read_bytes(),
-                         state=(last / ckpt.STATE).read_bytes())
+                         state=(last / ckpt.STATE).read_bytes(), note=note)
         except OSError as exc:
             return Offer(refusal=f"{last}: cannot read: {exc}")
 
@@ -270,7 +282,7 @@ class Trainer:
         if offer.refusal is not None:
             raise TrainInputError(offer.refusal)
         if offer.note is not None:
-            log.info("%s", offer.note)
+            log.log(logging.WARNING if offer.folder else logging.INFO, "%s", offer.note)
         if offer.folder is None:
             return
         last = Path(offer.folder)
@@ -375,7 +387,7 @@ class Trainer:
                      "seed": self.cfg.seed}
             path = ckpt.save(out, epoch, self.step, self.drafter, state, metrics)
             ckpt.update_best(out, path, metrics)
-            ckpt.prune(out, self.cfg.keep_last)
+            ckpt.prune(out, self.cfg.keep_last, path)
             self.last_ckpt = path.name
             best = ckpt.read_best(out)
             log.info("checkpoint %s: held-out accept length %s", path.name,

@@ -1,5 +1,6 @@
 """Run totals and rates, and the progress.json they make: the ETA with its p10-p90 band,
-GPU-hours and what they cost. Counted when lines are durable."""
+GPU-hours and what they cost. Counted when lines are durable; recount.py carries them across
+restarts and power losses."""
 
 from __future__ import annotations
 
@@ -9,23 +10,39 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from agents.ewma import EwmaRate
-from agents.rundir.schema import Progress, ServerProgress, cost_of, progress_decoder
+from agents.rundir.schema import Progress, ServerProgress, cost_of
 
 
 @dataclass(slots=True)
 class Totals:
-    """Cumulative counters carried across restarts through progress.json."""
+    """Cumulative counters of a run, carried across restarts by totals.json and a recount of
+    the lines after it (recount.py); `add_line` is the one rule both live counting and the
+    recount follow."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    truncated: int = 0
+    truncated: int = 0  # current lines that stopped at max_tokens
     empty: int = 0
-    retried: int = 0
-    lines: int = 0
-    gpu_hours: float = 0.0
+    retried: int = 0  # tries of a request sent again (not in any line: carried, not recounted)
+    lines: int = 0  # batch lines written, every attempt
+    gpu_hours: float = 0.0  # earlier engines' (not in any line: carried, not recounted)
     answers_by_limit: dict[str, int] = field(default_factory=dict)
     truncated_by_limit: dict[str, int] = field(default_factory=dict)
+
+    def add_line(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int,
+                 finish_reason: str, max_tokens: int, attempt: int, empty: bool) -> None:
+        """One batch line. A line above attempt 1 supersedes a truncated one: `retry
+        truncated` is the only way to a second attempt of an index that has a line (`retry
+        failed` sends again only indices without one, at attempt 1)."""
+        self.lines += 1
+        self.input_tokens += prompt_tokens
+        self.output_tokens += completion_tokens
+        self.reasoning_tokens += reasoning_tokens
+        truncated = finish_reason == "length"
+        self.truncated += truncated - (attempt > 1)
+        self.empty += empty
+        self.count_answer(max_tokens, truncated)
 
     def count_answer(self, max_tokens: int, truncated: bool) -> None:
         """One answer written at `max_tokens`: the per-limit counts alerts judge by."""
@@ -33,27 +50,6 @@ class Totals:
         self.answers_by_limit[key] = self.answers_by_limit.get(key, 0) + 1
         if truncated:
             self.truncated_by_limit[key] = self.truncated_by_limit.get(key, 0) + 1
-
-    @classmethod
-    def from_progress(cls, raw: bytes | None) -> Totals:
-        if not raw:
-            return cls()
-        try:
-            p = progress_decoder.decode(raw)
-        except Exception:
-            return cls()
-        return cls(
-            input_tokens=p.total_input_tokens,
-            output_tokens=p.total_output_tokens,
-            reasoning_tokens=p.total_reasoning_tokens,
-            truncated=p.truncated,
-            empty=p.empty,
-            retried=p.retried,
-            lines=p.completed,
-            gpu_hours=p.gpu_hours,
-            answers_by_limit=dict(p.answers_by_limit),
-            truncated_by_limit=dict(p.truncated_by_limit),
-        )
 
 
 @dataclass(slots=True)
@@ -113,7 +109,7 @@ class Meter:
         return remaining / r / 3600.0 if r > 0 else None
 
     def gpu_hours(self, now: float | None = None) -> float:
-        """GPU-hours so far: earlier engines' (from progress.json) and this one's."""
+        """GPU-hours so far: earlier engines' (recount.py) and this one's."""
         now = time.monotonic() if now is None else now
         return self.totals.gpu_hours + self.gpus * max(0.0, now - self.since_mono) / 3600.0
 

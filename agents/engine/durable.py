@@ -1,7 +1,9 @@
 """Appends that are all or nothing: a line file the engine appends to (a batch, .done_indices,
-failures.jsonl, uploads.jsonl) is cut back to its last durable size when a write or its fsync
-fails, before the error goes on. A full disk (ENOSPC), a file over its size limit (EFBIG) or a
-failing device then leaves no half line for the next append to glue onto.
+failures.jsonl, uploads.jsonl, ownership.jsonl) is cut back to its last durable size when a
+write or its fsync fails, before the error goes on. A full disk (ENOSPC), a file over its size
+limit (EFBIG) or a failing device then leaves no half line for the next append to glue onto.
+Opening one fsyncs its folder: a new file's name survives a power loss before its first
+append is called durable (one folder fsync per file opened, none per append).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from agents.rundir.atomic import fsync_dir
 from agents.rundir.crashpoint import write_all
 
 log = logging.getLogger("fleetdeck.engine")
@@ -28,6 +31,12 @@ class DurableAppend:
         self.path = path
         self.point = fault_point
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            # Also when the file was there: whoever created it may have died before this.
+            fsync_dir(path.parent)
+        except OSError:
+            os.close(self.fd)
+            raise
         self.durable = os.fstat(self.fd).st_size
         self.size = self.durable  # written so far, durable or not
         self.torn = False

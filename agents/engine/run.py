@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from agents.engine import EngineError
+from agents.engine import EngineError, recount
 from agents.engine import prompts as prompt_io
-from agents.engine.accounting import Meter, Totals, server_progress
+from agents.engine.accounting import Meter, server_progress
 from agents.engine.autotune import AutoTuner
 from agents.engine.client import Completion, RequestFailed, abort, build_request, make_client
 from agents.engine.deadlines import DeadlineMiss, Pace, send_within
@@ -45,7 +45,7 @@ from agents.engine.retries import find_truncated
 from agents.engine.serverload import ServerLoad
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import Uploader, check_bucket
-from agents.rundir.atomic import atomic_write
+from agents.rundir.atomic import AppendLog, atomic_write, make_dirs
 from agents.rundir.control import ControlError, ensure_control, read_control
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import (
@@ -118,6 +118,11 @@ class Engine:
         self.control: Control | None = None
         self._control_mtime: int = -1
         self._last_history = 0.0
+        self._history: AppendLog | None = None
+        # Where the counted lines end in the store (batch, line): what totals.json says it
+        # counted up to; set after each group is counted, on the loop.
+        self._counted_at = (0, 0)
+        self._last_totals_sync = time.monotonic()
         self._progress_error: str | None = None
         # Why control.json is not being followed (unreadable, out of range), for status.
         self._control_note: str | None = None
@@ -136,7 +141,7 @@ class Engine:
 
     def prepare(self) -> None:
         """Everything that can refuse to start, before any request is sent."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.run_dir)  # a power loss must not take the run's folder with it
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self._lock_run_dir()
         try:
@@ -179,10 +184,17 @@ class Engine:
             progress_raw = (self.run_dir / "progress.json").read_bytes()
         except FileNotFoundError:
             pass
+        # The line totals from the lines themselves (totals.json saves reading those before
+        # its point), never from progress.json, which a crash may leave stale or torn.
+        counted = recount.recover_totals(self.run_dir, self.store, progress_raw, rec.done)
+        recount.log_recount(counted)
+        self._counted_at = counted.counted_at
         # GPUs paid for: a server on a group of GPUs holds every one of them.
         gpus = self.spec.servers.gpu_count or len(self.urls)
-        self.meter = Meter(Totals.from_progress(progress_raw), gpus=gpus,
+        self.meter = Meter(counted.totals, gpus=gpus,
                            cost_per_gpu_hour=self.spec.run.cost_per_gpu_hour)
+        if counted.record_stale:
+            self._sync_totals(self._totals_record())  # the next start need not count again
         bad: str | None
         try:
             self.control = ensure_control(self.run_dir, self.gen.concurrency_per_server,
@@ -278,20 +290,32 @@ class Engine:
             for t in background:
                 t.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            self._write_progress()
             for s in self.servers:
                 await s.client.aclose()
+            self.release()
+        log.info("engine exits with status %s", self.status)
+        return 0 if self.status in ("done", "stopped") else 1
+
+    def release(self) -> None:
+        """The engine's end, run or only prepared (a recovery alone): its last totals and
+        progress made durable (a power loss after a finished run leaves it finished), its
+        files closed, run.lock released."""
+        try:
+            self._sync_totals(self._totals_record())
+            self._write_progress(durable=True)
+        finally:
             self.store.close()
             self.journal.close()
             self.owner.close()
             if self.uploader:
                 self.uploader.close()
+            if self._history is not None:
+                self._history.close()
+                self._history = None
             if self._lock_fd >= 0:
                 # Released, so the supervisor's next engine (stop, then resume) can take it.
                 os.close(self._lock_fd)
                 self._lock_fd = -1
-        log.info("engine exits with status %s", self.status)
-        return 0 if self.status in ("done", "stopped") else 1
 
     def set_server_state(self, number: int, healthy: bool) -> None:
         """A supervisor's word on a server: route to it or not (its health is authoritative)."""
@@ -565,6 +589,7 @@ class Engine:
                 # counts. Stop; a resume redoes the rest.
                 done = self.store.done
                 self._count([g for g in group if done.has(g[0], g[1])])
+                self._counted_at = (self.store.next_number, self.store.open_lines)
                 self._closed(self.store.closed_in_failed_group)
                 for i, _, _, _, _ in group:
                     self._inflight.discard(i)
@@ -575,23 +600,19 @@ class Engine:
             for i, _, _, _, _ in group:
                 self._inflight.discard(i)
             self._count(group)
+            self._counted_at = (self.store.next_number, self.store.open_lines)
             self._closed(closed)
             for _ in group:
                 q.task_done()
 
     def _count(self, group: list[tuple[int, int, bytes, BatchLine, str | None]]) -> None:
+        """Durable lines into the totals, by the rule a recount after a crash follows."""
         t = self.meter.totals
-        for _, attempt, _, line, reason in group:
-            t.input_tokens += line.usage.prompt_tokens
-            t.output_tokens += line.usage.completion_tokens
-            t.reasoning_tokens += line.usage.reasoning_tokens
-            truncated = line.finish_reason == "length"
-            empty = not line.content and not line.tool_calls
-            if attempt > 1 and reason == "truncated":
-                t.truncated -= 1  # the line it supersedes was truncated
-            t.truncated += truncated
-            t.count_answer(line.max_tokens, truncated)
-            t.empty += empty
+        for _, attempt, _, line, _ in group:
+            u = line.usage
+            t.add_line(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens,
+                       line.finish_reason, line.max_tokens, attempt,
+                       not line.content and not line.tool_calls)
             self.meter.rate.add()
 
     def _stop_on_write_error(self, what: str, exc: OSError) -> None:
@@ -916,24 +937,44 @@ class Engine:
                                                   self.uploader.journals_behind)},
                                OwnershipSummary)
 
-    def _write_progress(self) -> None:
+    def _totals_record(self) -> recount.TotalsRecord:
+        """On the loop: the totals and the point in the store they count up to, together."""
+        return recount.record_of(self.meter.totals, self._counted_at, self.meter.gpu_hours())
+
+    def _sync_totals(self, rec: recount.TotalsRecord) -> None:
+        """totals.json, fsynced (blocking: the loop hands it to a thread)."""
+        try:
+            recount.write_record(self.run_dir, rec)
+        except OSError as exc:
+            self._heartbeat_failed(recount.FILE, exc)
+
+    def _append_history(self, snap: bytes) -> None:
+        """A status sample appended to history.jsonl and fsynced (blocking: from a thread)."""
+        try:
+            if self._history is None:
+                self._history = AppendLog(self.run_dir / "history.jsonl")
+            self._history.append_durable(snap + b"\n")
+        except OSError as exc:
+            self._heartbeat_failed("history.jsonl", exc)
+
+    def _heartbeat_failed(self, what: str, exc: OSError) -> None:
+        # A full disk: the heartbeat waits for space (said once, not every second); the
+        # run itself stops only when a completion cannot be stored.
+        if self._progress_error is None:
+            log.error("cannot write %s in %s: %s", what, self.run_dir, exc.strerror or exc)
+        self._progress_error = str(exc)
+
+    def _write_progress(self, durable: bool = False) -> bytes | None:
+        """progress.json, the heartbeat (not fsynced but at the end: no total is read back
+        from it); the bytes written, None when they could not be."""
         snap = encoder.encode(self.snapshot())
         try:
-            atomic_write(self.run_dir / "progress.json", snap, durable=False)
-            now = time.monotonic()
-            if now - self._last_history >= HISTORY_INTERVAL_S:
-                self._last_history = now
-                with open(self.run_dir / "history.jsonl", "ab") as f:
-                    f.write(snap + b"\n")
+            atomic_write(self.run_dir / "progress.json", snap, durable=durable)
         except OSError as exc:
-            # A full disk: the heartbeat waits for space (said once, not every second); the
-            # run itself stops only when a completion cannot be stored.
-            if self._progress_error is None:
-                log.error("cannot write progress.json or history.jsonl in %s: %s",
-                          self.run_dir, exc.strerror or exc)
-            self._progress_error = str(exc)
-        else:
-            self._progress_error = None
+            self._heartbeat_failed("progress.json", exc)
+            return None
+        self._progress_error = None
+        return snap
 
     async def _progress_loop(self) -> None:
         while True:
@@ -942,7 +983,13 @@ class Engine:
             for s in self.servers:
                 s.req_rate.tick(now)
                 s.tok_rate.tick(now)
-            self._write_progress()
+            snap = self._write_progress()
+            if snap is not None and now - self._last_history >= HISTORY_INTERVAL_S:
+                self._last_history = now
+                await asyncio.to_thread(self._append_history, snap)
+            if now - self._last_totals_sync >= recount.SYNC_S:
+                self._last_totals_sync = now
+                await asyncio.to_thread(self._sync_totals, self._totals_record())
             await asyncio.sleep(PROGRESS_INTERVAL_S)
 
 

@@ -4,8 +4,10 @@ A group of lines is written to the open `.partial` batch and fsynced, then their
 appended to `.done_indices` and fsynced; when any of that fails (a full disk), both files are
 cut back to where they were before the group, so a batch never holds a line that
 `.done_indices` lacks when it closes. A full batch is renamed to `.jsonl` and the folder
-fsynced. Recovery reads `.done_indices` and the open `.partial` only, never closed batches.
-All methods block (fsync): the engine calls them from one worker thread.
+fsynced. Every new name is fsynced into its folder before anything in it is called durable:
+`completions/` into the run dir at recovery, `.done_indices` and each `.partial` when opened
+(durable.py). Recovery reads `.done_indices` and the open `.partial` only, never closed
+batches. All methods block (fsync): the engine calls them from one worker thread.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +23,7 @@ import msgspec
 
 from agents.engine.doneset import DoneSet
 from agents.engine.durable import DurableAppend, TornFile
-from agents.rundir.atomic import cut_torn_tail, fsync_dir
+from agents.rundir.atomic import cut_torn_tail, fsync_dir, make_dirs
 from agents.rundir.batchnames import batch_name, parse_batch_name
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import line_key_decoder
@@ -89,7 +92,7 @@ class BatchStore:
     # -- recovery ---------------------------------------------------------------------------
 
     def recover(self) -> Recovery:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.folder)
         rec = Recovery()
         done_path = self.folder / ".done_indices"
         rec.torn_bytes_cut += cut_torn_tail(done_path)
@@ -154,6 +157,40 @@ class BatchStore:
         rec.open_batch_lines = self._lines
         rec.next_batch = self._number
         return rec
+
+    def lines_from(self, number: int, skip: int,
+                   missing: list[str] | None = None) -> Iterator[tuple[Path, int, bytes]]:
+        """After recover(): every line written from line `skip` of batch `number` on, in the
+        order written (what a count taken at that point has not seen), as (file, line
+        number, line). StoreError when the
+        store holds less than that point; a closed batch that is gone from the folder is
+        named in `missing` (or is a StoreError without it)."""
+        end = (self._number, self._lines)
+        if (number, skip) > end:
+            raise StoreError(f"{self.folder}: holds batches up to {end[0]} (line {end[1]}), "
+                             f"not batch {number} line {skip}")
+        for n in range(number, self._number + 1):
+            if n == self._number:
+                if self._partial is None:
+                    return
+                path = self._partial
+            else:
+                path = self.folder / batch_name(n, shard=self.shard)
+            seen = 0
+            try:
+                with open(path, "rb") as f:
+                    for raw in f:
+                        seen += 1
+                        if n > number or seen > skip:
+                            yield path, seen, raw
+            except FileNotFoundError:
+                if missing is None or (n == number and skip):
+                    raise StoreError(f"{path}: missing, so its lines cannot be counted") \
+                        from None
+                missing.append(path.name)
+                continue
+            if n == number and seen < skip:
+                raise StoreError(f"{path}: {seen} lines, not the {skip} counted before")
 
     # -- writing ----------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """control.json: desired live settings. Written under the control lock with `rev` increased;
-read by the engine. Every change is also appended to control.log.jsonl (the audit trail)."""
+read by the engine. Every change is also appended to control.log.jsonl (the audit trail).
+Both are durable when a call returns: control.json by an fsynced replace, the audit record by
+an fsynced append (and their folder fsynced), so a power loss never undoes an answered change."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from agents.rundir.atomic import atomic_write
+from agents.rundir.atomic import append_durably, atomic_write
 from agents.rundir.schema import Concurrency, Control, control_decoder, encoder
 from agents.rundir.spec import AUTO_START
 
@@ -137,8 +139,7 @@ def audit(run_dir: Path, method: str, params: dict[str, Any], by: str | None = N
           result: str = "ok") -> None:
     rec = {"time": time.time(), "method": method, "params": params, "who": by or who(),
            "result": result}
-    with open(run_dir / "control.log.jsonl", "ab") as f:
-        f.write(encoder.encode(rec) + b"\n")
+    append_durably(run_dir / "control.log.jsonl", encoder.encode(rec) + b"\n")
 
 
 def update_control(run_dir: Path, method: str, params: dict[str, Any],

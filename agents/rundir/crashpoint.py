@@ -8,6 +8,10 @@ kept, the others not yet aborted), ceded (a cede journaled, not yet answered), a
 adopt journaled, nothing of it sent yet); the last two on a live engine and in the run dir
 when none runs (agents/engine/moves.py).
 
+FLEETDECK_CRASH_MARKS=FILE appends the name of every crash point passed to FILE (one write per
+pass, not fsynced) and kills nothing: on the power-loss harness's mount each pass is then an
+op in its log, so a test can cut the power at exactly every crash point of one recording.
+
 FLEETDECK_FAIL_AT=name[:n] makes a write fail from the n-th pass of fault point `name` on, as a
 full disk does: with FLEETDECK_FAIL_BYTES=k the first failing write gets k bytes onto the file
 before the error (a torn write), and FLEETDECK_FAIL_ERRNO picks the error (ENOSPC by default;
@@ -25,7 +29,9 @@ from dataclasses import dataclass
 _spec = os.environ.get("FLEETDECK_CRASH_AT", "")
 _name, _, _count = _spec.partition(":")
 _remaining = int(_count) if _count else 1
-ARMED = bool(_name)
+_marks = os.environ.get("FLEETDECK_CRASH_MARKS", "")
+ARMED = bool(_name) or bool(_marks)
+_marks_fd = -1
 
 
 @dataclass(slots=True)
@@ -104,9 +110,25 @@ def write_all(fd: int, data: bytes, point: str) -> None:
         raise f.error()
 
 
+def mark_to(path: str | None) -> None:
+    """FLEETDECK_CRASH_MARKS for this process (in-process tests), None to stop."""
+    global _marks, _marks_fd, ARMED
+    if _marks_fd >= 0:
+        os.close(_marks_fd)
+        _marks_fd = -1
+    _marks = path or ""
+    ARMED = bool(_name) or bool(_marks)
+
+
 def crash_point(name: str) -> None:
-    global _remaining
-    if not ARMED or name != _name:
+    global _remaining, _marks_fd
+    if not ARMED:
+        return
+    if _marks:
+        if _marks_fd < 0:
+            _marks_fd = os.open(_marks, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(_marks_fd, f"{name}\n".encode())
+    if name != _name:
         return
     _remaining -= 1
     if _remaining <= 0:

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from agents.rundir.atomic import fsync_dir, replace_durably
+
 SECRETS_NAME = "secrets.json"
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 SECRET_FIELDS = ("api_key", "admin_api_key")
@@ -94,7 +96,8 @@ def write(run_dir: Path, secrets: Mapping[str, Any]) -> None:
         try:
             os.unlink(path)
         except FileNotFoundError:
-            pass
+            return
+        fsync_dir(run_dir)  # gone for good: a power loss must not bring old secrets back
         return
     tmp = run_dir / f".{SECRETS_NAME}.{os.getpid()}.tmp"
     try:
@@ -108,7 +111,7 @@ def write(run_dir: Path, secrets: Mapping[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    replace_durably(tmp, path)
 
 
 def read(run_dir: Path) -> dict[str, Any] | None:

@@ -577,8 +577,9 @@ def keep_copy(spec: RunSpec, run_dir: Path) -> None:
         header += (f", its secrets kept in {secrets.SECRETS_NAME} (mode 0600, never served or "
                    f"pulled)\n{secrets.MARKER}{', '.join(secrets.names(found))}")
     secrets.write(run_dir, found)
+    # run.base first: a copy without it would read its relative paths from RUN_DIR.
+    atomic_write(run_dir / "run.base", (str(spec.base_dir) + "\n").encode())
     atomic_write(copy, secrets.to_toml(public, header).encode())
-    (run_dir / "run.base").write_text(str(spec.base_dir) + "\n")
 
 
 def merge_overrides(raw: dict[str, Any], overrides: dict[str, dict[str, Any]]

@@ -14,6 +14,7 @@ from typing import Any
 from agents import PROTOCOL_VERSION
 from agents.rpc.protocol import STREAM_LIMIT, RpcClient, RpcError
 from agents.rpc.sockpath import SocketDirError, checked_folder, recorded_socket
+from agents.rundir.atomic import make_dirs
 from agents.rundir.control import audit
 from agents.rundir.spec import RunSpec, SpecError, keep_copy, load_run_spec
 from agents.supervise.snapshot import supervisor_pid
@@ -75,7 +76,7 @@ async def up(spec: RunSpec, who: str | None = None) -> dict[str, Any]:
     _check_socket_folder()
     await _check_router(spec)
     run_dir = spec.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(run_dir)  # a power loss must not take the run's folder with it
     if supervisor_pid(run_dir) is not None:
         raise RunCtlError(f"{run_dir}: a supervisor already runs this run (pid "
                           f"{supervisor_pid(run_dir)}); use resume or stop")

@@ -4,8 +4,10 @@ Files come from the node's manifest (served by the agent, confined to RUN_DIR) i
 PULL_DIR/<node>/<run>/ mirroring RUN_DIR, several at once, from one of the data paths in
 console/artifacts/sources.py. Either way a half-copied file resumes from its `.fdpart` size,
 every file is checked against the manifest's sha256, and a mismatch is fetched again once,
-then reported. `Puller` copies file by file through `Source.read`; `OpensshPuller` hands
-whole batches of files to OpenSSH's sftp processes and checks each as sftp passes it.
+then reported. A file counted as copied is durable: its data fsynced, then renamed into place
+and its folder fsynced (the folders pull makes too), so a power loss after a pull leaves what
+it reported. `Puller` copies file by file through `Source.read`; `OpensshPuller` hands whole
+batches of files to OpenSSH's sftp processes and checks each as sftp passes it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import asyncssh
 
+from agents.rundir.atomic import make_dirs, replace_durably
 from agents.rundir.schema import ManifestEntry
 from console.artifacts import opensftp
 from console.artifacts.pullset import STATE_DIR, confined, safe_rel
@@ -94,16 +97,16 @@ def local_path(dest: Path, path: str) -> tuple[str, Path]:
     rel = safe_rel(path)
     final = confined(dest, rel)
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(final.parent)
     except OSError as exc:
         raise PullError(f"{shown(rel)}: cannot make its folder: {exc}") from None
     return rel, confined(dest, rel)  # again, now that the folders are there
 
 
 def finish_part(part: Path, final: Path, size: int, sha256: str | None) -> bool:
-    """Check a downloaded part and on a match make it the file (synced first); a mismatch
-    deletes it. A log still growing on the node comes longer than the manifest, whose sha256
-    is of its first `size` bytes: the rest is cut off."""
+    """Check a downloaded part and on a match make it the file, durably (fsynced, renamed,
+    its folder fsynced); a mismatch deletes it. A log still growing on the node comes longer
+    than the manifest, whose sha256 is of its first `size` bytes: the rest is cut off."""
     with open(part, "r+b") as f:
         if os.fstat(f.fileno()).st_size > size:
             f.truncate(size)
@@ -113,7 +116,7 @@ def finish_part(part: Path, final: Path, size: int, sha256: str | None) -> bool:
     if not ok:
         part.unlink()
         return False
-    os.replace(part, final)
+    replace_durably(part, final)
     return True
 
 
@@ -179,7 +182,7 @@ class Puller:
         if h.hexdigest() != e.sha256:
             part.unlink()
             return False
-        os.replace(part, final)
+        replace_durably(part, final)
         return True
 
     async def _one(self, e: ManifestEntry, limit: asyncio.Semaphore) -> None:

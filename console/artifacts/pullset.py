@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from agents.rundir.atomic import atomic_write, make_dirs
 from agents.rundir.schema import ManifestEntry, ManifestPage
 from agents.rundir.spec import name_problem
 from console.artifacts.sources import PullError
@@ -156,7 +157,7 @@ def pull_lock(dest: Path) -> Iterator[None]:
     a lock never outlives its pull; a second pull while one lives is refused (PullError)
     naming the live one, instead of writing the same parts beside it."""
     state = confined(dest, STATE_DIR)
-    state.mkdir(parents=True, exist_ok=True)
+    make_dirs(state)  # DEST and its parents too, each fsynced into its parent
     path = confined(dest, f"{STATE_DIR}/{LOCK_NAME}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -177,6 +178,6 @@ def pull_lock(dest: Path) -> Iterator[None]:
 
 def save_manifest(dest: Path, entries: list[ManifestEntry]) -> None:
     state = confined(dest, STATE_DIR)
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "manifest.json").write_bytes(msgspec.json.encode([on_the_wire(e)
+    make_dirs(state)  # DEST and its parents too, each fsynced into its parent
+    atomic_write(state / "manifest.json", msgspec.json.encode([on_the_wire(e)
                                                                for e in entries]))

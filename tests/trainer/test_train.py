@@ -84,7 +84,8 @@ def test_checkpoint_layout(tmp_path: Path, random_world: World,
     assert set(names) == {"epoch_0_step_2", "epoch_0_step_3", best["checkpoint"]}
     ckpt = out / "epoch_0_step_3"
     assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "config.json", "dflash.py",
-                                               "training_state.pt", "metrics.json"}
+                                               "training_state.pt", "metrics.json",
+                                               "manifest.sha256.json"}
     keys = load_file(str(ckpt / "model.safetensors")).keys()
     assert not any("embed" in k or "lm_head" in k for k in keys), "the target's own, frozen"
     config = json.loads((ckpt / "config.json").read_text())
@@ -130,17 +131,17 @@ def test_sigterm_stops_with_a_checkpoint_and_resume_goes_on(
                             env=env, cwd=REPO)
     progress_path = tmp_path / "run" / "progress.json"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         while True:  # until the run has taken a few steps
             assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.monotonic() < deadline, "no progress within 120 s"
+            assert time.monotonic() < deadline, "no progress within 300 s"
             if progress_path.exists():
                 p = train_progress_decoder.decode(progress_path.read_bytes())
                 if p.status == "running" and p.step >= 2:
                     break
             time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
