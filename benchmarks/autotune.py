@@ -10,10 +10,19 @@ level (found by a sweep of fixed levels on the same GPU) and against the default
    processes with different knees, three runs of the same prompts: every server at 40, every
    server at its own best level (resize per server), and auto. Tokens/s from progress.json over
    the same window of each run. Wall-clock: on a loaded machine the figures move a few %.
+3. Real (--real): SGLang itself (the real-server tier's CPU build, tests/real/), one server:
+   a supervised run (`fleetdeck-agent up`, `[servers] urls`: the supervisor hands the
+   server's own figures to the tuner) at each fixed level of --sweep, then one with auto,
+   each of the same --real-prompts prompts to its end, tokens/s over each whole run (auto's
+   probing included); auto's ratio to the best fixed level. --url takes a server already
+   running; without it one is started (KV pool 65,536 tokens, one to five minutes). A CPU's
+   pace is not a GPU's: the levels that matter are small, and the figures swing with the
+   machine's load.
 
 Baselines (best fixed, default) are measured in the same run. Target: auto >= 0.9 x best fixed.
 
     .venv/bin/python benchmarks/autotune.py [--gpus 12] [--seed 1] [--live] [--live-s 120]
+        [--real [--url URL] [--sweep 2,4,8,16] [--real-prompts 400] [--real-max-tokens 16]]
 """
 
 from __future__ import annotations
@@ -174,6 +183,81 @@ def live(seconds: float) -> None:
                 kill_pid(s.proc)
 
 
+# -- real ---------------------------------------------------------------------------------------
+
+REAL_WORDS, REAL_MAX_CONCURRENCY = 6, 64
+
+
+def real_run(tmp: Path, name: str, url: str, concurrency: int | str, prompts: int,
+             max_tokens: int) -> float:
+    """One supervised run of `prompts` prompts on the real server, to its end: output tokens
+    over the engine's own elapsed time (its start-up and ramp included, for every run)."""
+    from tests.plugins.supervised import agent, kill_run
+    from tests.real.wordprompts import write_word_prompts
+
+    folder = tmp / name.replace(" ", "")
+    folder.mkdir()
+    write_word_prompts(folder / "prompts.jsonl", prompts, REAL_WORDS, seed=1)
+    lines = ["[run]", 'name = "bench"', 'dir = "run"', "", "[servers]",
+             f"urls = {json.dumps([url])}", "health_interval_s = 1", "", "[generate]",
+             'prompts = "prompts.jsonl"', f"max_tokens = {max_tokens}",
+             f"concurrency_per_server = {json.dumps(concurrency)}", "batch_size = 1000",
+             f"max_concurrency = {REAL_MAX_CONCURRENCY}", "request_timeout_s = 600.0"]
+    spec = folder / "run.toml"
+    spec.write_text("\n".join(lines) + "\n")
+    run_dir = folder / "run"
+
+    def progress() -> dict[str, Any]:
+        try:
+            return dict(json.loads((run_dir / "progress.json").read_text()))
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    try:
+        r = agent("up", str(spec))
+        if r.returncode != 0:
+            raise SystemExit(f"{name}: fleetdeck-agent up failed: {r.stdout}{r.stderr}")
+        wait_until(lambda: progress().get("status") in ("done", "failed", "stopped"),
+                   3600, f"{name}: its {prompts} prompts")
+        p = progress()
+        if p["status"] != "done":
+            raise SystemExit(f"{name}: the run ended {p['status']}: {p.get('message')}")
+        rate = p["total_output_tokens"] / max(p["elapsed_hours"] * 3600, 1e-9)
+        tune = (p["servers"].get("0") or {}).get("autotune") or {}
+        how = (f"level {tune.get('level')} ({tune.get('phase')}: {tune.get('note')})" if tune
+               else f"level {concurrency}")
+        print(f"  {name:<9}: {rate:8.1f} tok/s   {how}", flush=True)
+        return float(rate)
+    finally:
+        agent("down", str(run_dir), "--yes")
+        kill_run(run_dir)
+
+
+def real(url: str | None, sweep: list[int], prompts: int, max_tokens: int) -> None:
+    print(f"\n3. real: SGLang on this machine's CPU, fixed levels {sweep} and auto, {prompts} "
+          f"prompts of {max_tokens} tokens a run (tokens/s over each whole run)")
+    with tempfile.TemporaryDirectory(prefix="fd-autotune-real-") as d:
+        tmp = Path(d)
+        started = None
+        try:
+            if url is None:
+                from tests.real.env import build
+                from tests.real.server import start_server
+
+                started = start_server(build(), tmp / "server", max_total_tokens=65536)
+                print(f"  (a server started for this: ready after {started.wait_ready():.0f} s)")
+                url = started.url
+            fixed = {lv: real_run(tmp, f"fixed {lv:>3}", url, lv, prompts, max_tokens)
+                     for lv in sweep}
+            auto = real_run(tmp, "auto", url, "auto", prompts, max_tokens)
+            top = max(fixed, key=lambda k: fixed[k])
+            print(f"auto / best fixed ({top}): {auto / fixed[top]:.3f}" if fixed[top] > 0 else
+                  "auto / best fixed: no throughput at any fixed level")
+        finally:
+            if started is not None:
+                started.kill()
+
+
 CAP = 64
 
 
@@ -184,6 +268,11 @@ def main() -> None:
     ap.add_argument("--live", action="store_true")
     ap.add_argument("--live-s", type=float, default=120.0)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--real", action="store_true", help="also against SGLang itself")
+    ap.add_argument("--url", default=None, help="--real: a running server (else one is started)")
+    ap.add_argument("--sweep", default="2,4,8,16", help="--real: the fixed levels")
+    ap.add_argument("--real-prompts", type=int, default=400, help="--real: prompts a run")
+    ap.add_argument("--real-max-tokens", type=int, default=16, help="--real: max_tokens")
     args = ap.parse_args()
     rows = simulated(args.gpus, args.seed, CAP)
     if rows:
@@ -192,6 +281,16 @@ def main() -> None:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.live:
         live(args.live_s)
+    if args.real:
+        try:
+            sweep = [int(x) for x in args.sweep.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--sweep: levels separated by commas, not {args.sweep!r}")
+        if not sweep or min(sweep) < 1:
+            ap.error(f"--sweep: at least one level, each 1 or more, not {args.sweep!r}")
+        if args.real_prompts < 1 or args.real_max_tokens < 1:
+            ap.error("--real-prompts and --real-max-tokens: at least 1")
+        real(args.url, sweep, args.real_prompts, args.real_max_tokens)
 
 
 if __name__ == "__main__":

@@ -239,3 +239,51 @@ def test_a_supervised_run_on_urls_shows_each_servers_own_figures(tmp_path: Path)
         agent("down", str(run_dir), "--yes")
         kill_run(run_dir)
         sim.kill()
+
+
+def test_a_simulated_small_kv_pool_retracts_and_the_run_says_so(tmp_path: Path) -> None:
+    """The simulator's KV pool (`--max-total-tokens`, as SGLang 0.5.23 admits and retracts):
+    the supervisor counts the retractions from its counter, the row and the alert say so,
+    deadlines do not storm, and the run ends with every index once."""
+    from tests.engine.runs import read_run, write_prompts
+    from tests.real.server import Metrics
+
+    sim = start_sim(tmp_path, "--time-scale", "0.02", "--load-seconds", "0",
+                    "--enable-metrics", "--max-total-tokens", "3072",
+                    "--max-running-requests", "256")
+    root = tmp_path / "r"
+    root.mkdir()
+    write_prompts(root / "prompts.jsonl", 160)
+    spec = root / "run.toml"
+    spec.write_text("\n".join([
+        "[run]", 'name = "kv-sim"', 'dir = "run"', "", "[servers]",
+        f"urls = {json.dumps([sim.url])}", "health_interval_s = 0.3", "", "[generate]",
+        'prompts = "prompts.jsonl"', "max_tokens = 256", "concurrency_per_server = 64",
+        "batch_size = 100", "request_timeout_s = 120.0", "connect_timeout_s = 2.0",
+        "deadline_factor = 1.0", "min_deadline_s = 1.0"]) + "\n")
+    run_dir = root / "run"
+    before = Metrics.parse(httpx.get(f"{sim.url}/metrics", timeout=10).text)
+    try:
+        r = agent("up", str(spec))
+        assert r.returncode == 0, r.stderr
+        snap = wait_status(run_dir, lambda s: any(
+            a["code"] == "kv_pressure:0" and "retracted" in a["message"]
+            for a in s["alerts"]), 120, "kv_pressure:0 for the retractions")
+        alert = next(a for a in snap["alerts"] if a["code"] == "kv_pressure:0")
+        assert "lower concurrency or max_tokens" in alert["message"]
+        assert snap["servers"][0]["kv_capacity_tokens"] == 3072
+        done = wait_status(run_dir, lambda s: s["status"] in ("done", "failed"), 180,
+                           "the run's end")
+        assert done["status"] == "done", done.get("message")
+        after = Metrics.parse(httpx.get(f"{sim.url}/metrics", timeout=10).text)
+        retracted = after.delta(before, "num_retracted_requests_total")
+        final = wait_status(run_dir, lambda s: s["servers"][0].get("retracted_total") ==
+                            after["num_retracted_requests_total"], 30, "the row's counter")
+        assert retracted > 0 and final["servers"][0]["retracted_recent"] == retracted
+        assert final["progress"]["deadline_misses"] == 0, final["progress"]
+        st = read_run(run_dir)
+        assert set(st.current) == set(range(160)) and not st.failed
+    finally:
+        agent("down", str(run_dir), "--yes")
+        kill_run(run_dir)
+        sim.kill()
