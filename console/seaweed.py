@@ -107,8 +107,8 @@ class S3Server:
         )
         log.close()
         try:
-            wait_until(self._bucket_ready, 60, f"SeaweedFS S3 on {self.endpoint_url}", self.proc,
-                       interval=0.2)
+            wait_until(self._bucket_ready, READY_TIMEOUT_S,
+                       f"SeaweedFS S3 on {self.endpoint_url}", self.proc, interval=0.2)
         except Exception:
             self.kill()
             raise
@@ -139,6 +139,9 @@ class S3Server:
 
 
 PROBE_BUCKET = "fleetdeck-ready-probe"
+# SeaweedFS starts its master, volume, filer and S3 gateway before a write works: seconds on
+# an idle machine, close to a minute on a loaded one (seen: 54 s with the CPUs saturated).
+READY_TIMEOUT_S = 180.0
 
 
 def start_s3(folder: Path, bucket: str | None = None) -> S3Server:

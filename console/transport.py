@@ -28,7 +28,10 @@ from console.fleet import Node
 from console.linkstate import LinkState
 from console.sanitize import shown
 
-HELLO_TIMEOUT_S = 20.0
+# The agent's hello comes once its Python has started on the node: seconds on an idle one,
+# far longer on a node whose CPUs are saturated (tokenizers, data loaders, a busy login
+# node). A hung agent is named after this; a dead one closes the channel at once.
+HELLO_TIMEOUT_S = 60.0
 
 
 class Unreachable(ConnectionError):

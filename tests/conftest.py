@@ -11,7 +11,8 @@ import pytest
 from tests.servers.s3 import S3Server, start_s3
 from tests.servers.sshd import SshServer, start_sshd
 
-pytest_plugins = ["tests.plugins.sims", "tests.plugins.supervised", "tests.plugins.finished_run"]
+pytest_plugins = ["tests.plugins.sims", "tests.plugins.supervised", "tests.plugins.finished_run",
+                  "tests.plugins.pilot"]
 
 
 @pytest.fixture

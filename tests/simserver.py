@@ -40,7 +40,7 @@ class SimHandle:
     def log_lines(self) -> list[str]:
         return self.log_text().splitlines()
 
-    def wait_log(self, pattern: str, timeout: float = 10.0) -> re.Match[str]:
+    def wait_log(self, pattern: str, timeout: float = 60.0) -> re.Match[str]:
         """Poll the log until a line matches `pattern` (a regex); return the match."""
         rx = re.compile(pattern)
         found: list[re.Match[str]] = []
@@ -72,7 +72,7 @@ def _ready(url: str) -> bool:
 
 
 def start_sim(tmp_path: Path, *args: str, name: str = "sim", wait_ready: bool = True,
-              timeout: float = 30.0, port: int | None = None) -> SimHandle:
+              timeout: float = 120.0, port: int | None = None) -> SimHandle:
     """Start a simulator with `args` (CLI flags; see FAST_ARGS) on 127.0.0.1.
 
     stdout goes to tmp_path/<name>-<port>.log, stderr to .err. With wait_ready, returns once
@@ -98,6 +98,6 @@ def start_sim(tmp_path: Path, *args: str, name: str = "sim", wait_ready: bool = 
     return handle
 
 
-def wait_exit(handle: SimHandle, timeout: float = 10.0) -> int:
+def wait_exit(handle: SimHandle, timeout: float = 60.0) -> int:
     """Wait for the simulator process to end by itself; return its exit code."""
     return handle.proc.wait(timeout=timeout)

@@ -182,7 +182,7 @@ PROBE = textwrap.dedent("""
 
 def loaded_by(*names: str) -> set[str]:
     r = subprocess.run([sys.executable, "-c", PROBE, *names], capture_output=True, text=True,
-                       cwd=ROOT, timeout=120)
+                       cwd=ROOT, timeout=180)
     assert r.returncode == 0, f"importing {names} failed:\n{r.stderr}"
     return set(json.loads(r.stdout))
 

@@ -18,7 +18,7 @@ async def _connect(sshd: SshServer, known_hosts: object) -> asyncssh.SSHClientCo
         client_keys=[str(sshd.client_key)],
         known_hosts=known_hosts,  # type: ignore[arg-type]
         agent_path=None,
-        connect_timeout=10,
+        connect_timeout=60,
     )
 
 
@@ -50,7 +50,7 @@ async def test_unknown_client_key_is_refused(sshd: SshServer, tmp_path) -> None:
             client_keys=[str(stranger)],
             known_hosts=str(sshd.known_hosts),
             agent_path=None,
-            connect_timeout=10,
+            connect_timeout=60,
         )
 
 

@@ -27,7 +27,7 @@ def finished_run(root: Path) -> Path:
         write_prompts(prompts, PROMPTS)
         spec = write_spec(root / "run.toml", prompts, [sim.url], batch_size=10)
         engine = start_engine(spec)
-        assert engine.wait(120) == 0, engine.stderr()
+        assert engine.wait(300) == 0, engine.stderr()
     finally:
         kill_pid(sim.proc)
     run_dir = engine.run_dir

@@ -31,7 +31,7 @@ def request(rid: int, method: str, **params: Any) -> bytes:
                        "params": params}).encode() + b"\n"
 
 
-def serve(run_dir: Path, *lines: bytes, args: tuple[str, ...] = (), timeout: float = 60,
+def serve(run_dir: Path, *lines: bytes, args: tuple[str, ...] = (), timeout: float = 180,
           env: dict[str, str] | None = None) -> Served:
     """One `serve --stdio` session: send every line, close stdin, collect every reply."""
     proc = subprocess.run(

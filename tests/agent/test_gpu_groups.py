@@ -50,7 +50,7 @@ def _assert_on_group(run: Run, number: int, group: list[int]) -> None:
     assert _environ(rec["pid"])["CUDA_VISIBLE_DEVICES"] == visible
     argv = _argv(rec["pid"])
     assert argv[argv.index("--tp") + 1] == str(len(group)), argv
-    info = httpx.get(f"http://127.0.0.1:{rec['port']}/server_info", timeout=10).json()
+    info = httpx.get(f"http://127.0.0.1:{rec['port']}/server_info", timeout=60).json()
     assert info["tp_size"] == len(group), info
     assert info["served_model_name"] == f"sim-on-{visible}", info
 
@@ -67,7 +67,7 @@ def test_grouped_servers_launch_show_restart_and_are_adopted_on_their_groups(
     run = supervised(gpus=GROUPS, prompts=3000, sim_args=f"--time-scale 0.2 {TP_ARGS}")
     r = agent("up", str(run.spec))
     assert r.returncode == 0, r.stderr
-    snap = wait_status(run.run_dir, lambda s: _healthy(s, 2), 90, "2 healthy grouped servers")
+    snap = wait_status(run.run_dir, lambda s: _healthy(s, 2), 120, "2 healthy grouped servers")
     assert [(s["gpu"], s["gpus"]) for s in snap["servers"]] == [(0, [0, 1]), (2, [2, 3])]
     for number, group in enumerate(GROUPS):
         _assert_on_group(run, number, group)
@@ -79,7 +79,7 @@ def test_grouped_servers_launch_show_restart_and_are_adopted_on_their_groups(
     assert "server 1 (GPU 2-3) healthy" in text.stdout, text.stdout
     console = subprocess.run([sys.executable, "-m", "console.cli", "--fleet",
                               str(_fleet(tmp_path, run.run_dir)), "status", "gen-1"],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=180)
     assert console.returncode == 0, console.stdout + console.stderr
     assert "server 0 (GPU 0-1) healthy:" in console.stdout, console.stdout
     assert "server 1 (GPU 2-3) healthy:" in console.stdout, console.stdout
@@ -88,7 +88,7 @@ def test_grouped_servers_launch_show_restart_and_are_adopted_on_their_groups(
     victim = run.servers()[1]
     os.kill(victim["pid"], signal.SIGKILL)
     back = wait_status(run.run_dir, lambda s: s["servers"][1]["restarts"] == 1
-                       and s["servers"][1]["state"] == "healthy", 90, "server 1 relaunched")
+                       and s["servers"][1]["state"] == "healthy", 120, "server 1 relaunched")
     assert back["servers"][1]["pid"] != victim["pid"]
     assert back["servers"][1]["gpus"] == [2, 3]
     _assert_on_group(run, 1, [2, 3])
@@ -96,11 +96,11 @@ def test_grouped_servers_launch_show_restart_and_are_adopted_on_their_groups(
     # A new supervisor adopts both: same pids, same groups, the restart count kept.
     before = run.servers()
     os.kill(run.supervisor_pid(), signal.SIGKILL)
-    wait_until(lambda: rpc_status(run.run_dir)["source"] == "disk", 30, "the supervisor gone")
+    wait_until(lambda: rpc_status(run.run_dir)["source"] == "disk", 120, "the supervisor gone")
     r = agent("resume", str(run.run_dir))
     assert r.returncode == 0, r.stderr
     snap = wait_status(run.run_dir, lambda s: _healthy(s, 2) and s["source"] == "supervisor",
-                       90, "resumed")
+                       120, "resumed")
     after = run.servers()
     assert [s["pid"] for s in after] == [s["pid"] for s in before]
     assert [s["gpus"] for s in after] == GROUPS
@@ -109,7 +109,7 @@ def test_grouped_servers_launch_show_restart_and_are_adopted_on_their_groups(
     assert "server 0 adopted (pid" in log and "GPU 0-1)" in log
     assert "server 1 adopted (pid" in log and "GPU 2-3)" in log
     agent("down", str(run.run_dir), "--yes")
-    wait_until(lambda: not any(alive(s["pid"]) for s in after), 60, "servers stopped")
+    wait_until(lambda: not any(alive(s["pid"]) for s in after), 120, "servers stopped")
 
 
 def test_a_record_on_another_group_is_replaced_and_an_old_record_is_read_as_one_gpu(
@@ -119,21 +119,21 @@ def test_a_record_on_another_group_is_replaced_and_an_old_record_is_read_as_one_
     holds GPU 0) and a new one starts on 0,1. Server 1's record names its own group: adopted."""
     run = supervised(gpus=GROUPS, prompts=3000, sim_args=f"--time-scale 0.2 {TP_ARGS}")
     assert agent("up", str(run.spec)).returncode == 0
-    wait_status(run.run_dir, lambda s: _healthy(s, 2), 90, "2 healthy grouped servers")
+    wait_status(run.run_dir, lambda s: _healthy(s, 2), 120, "2 healthy grouped servers")
     os.kill(run.supervisor_pid(), signal.SIGKILL)
-    wait_until(lambda: rpc_status(run.run_dir)["source"] == "disk", 30, "the supervisor gone")
+    wait_until(lambda: rpc_status(run.run_dir)["source"] == "disk", 120, "the supervisor gone")
     before = run.servers()
     records = [dict(before[0]), before[1]]
     del records[0]["gpus"]
     (run.run_dir / "servers.json").write_text(json.dumps(records))
     r = agent("resume", str(run.run_dir))
     assert r.returncode == 0, r.stderr
-    wait_status(run.run_dir, lambda s: _healthy(s, 2) and s["source"] == "supervisor", 90,
+    wait_status(run.run_dir, lambda s: _healthy(s, 2) and s["source"] == "supervisor", 120,
                 "resumed")
     after = run.servers()
     assert after[1]["pid"] == before[1]["pid"], "the server on its own group was adopted"
     assert after[0]["pid"] != before[0]["pid"]
-    wait_until(lambda: not alive(before[0]["pid"]), 30, "the old server 0 stopped")
+    wait_until(lambda: not alive(before[0]["pid"]), 120, "the old server 0 stopped")
     _assert_on_group(run, 0, [0, 1])
     log = (run.run_dir / "logs" / "supervisor.log").read_text()
     assert "runs on GPU 0 (now 0-1): replacing it" in log, log
@@ -147,16 +147,16 @@ def test_one_gpu_renders_tp_1_and_a_record_from_before_groups_is_adopted(
     [gpu]) is adopted."""
     run = supervised(gpus=gpus, prompts=2000, sim_args=f"--time-scale 0.2 {TP_ARGS}")
     assert agent("up", str(run.spec)).returncode == 0
-    wait_status(run.run_dir, lambda s: _healthy(s, 1), 90, "healthy")
+    wait_status(run.run_dir, lambda s: _healthy(s, 1), 120, "healthy")
     _assert_on_group(run, 0, [0])
     os.kill(run.supervisor_pid(), signal.SIGKILL)
-    wait_until(lambda: rpc_status(run.run_dir)["source"] == "disk", 30, "the supervisor gone")
+    wait_until(lambda: rpc_status(run.run_dir)["source"] == "disk", 120, "the supervisor gone")
     before = run.servers()
     old = [{k: v for k, v in rec.items() if k != "gpus"} for rec in before]
     (run.run_dir / "servers.json").write_text(json.dumps(old))
     assert agent("resume", str(run.run_dir)).returncode == 0
     snap = wait_status(run.run_dir, lambda s: _healthy(s, 1) and s["source"] == "supervisor",
-                       90, "resumed")
+                       120, "resumed")
     assert run.servers()[0]["pid"] == before[0]["pid"]
     assert snap["servers"][0]["gpus"] == [0] and snap["servers"][0]["gpu"] == 0
     assert run.servers()[0]["gpus"] == [0], "the next record names the group"

@@ -93,5 +93,5 @@ def test_live_idle_alert_on_a_finished_run(supervised: Any) -> None:
     assert snap["progress"]["cost"]["per_gpu_hour"] == 2.5
     # Taking the servers down ends it.
     assert agent("stop", str(run.run_dir), "--servers", "--yes").returncode == 0
-    wait_status(run.run_dir, lambda s: not any(a["code"] == "idle" for a in s["alerts"]), 60,
+    wait_status(run.run_dir, lambda s: not any(a["code"] == "idle" for a in s["alerts"]), 120,
                 "the idle alert cleared")

@@ -36,9 +36,9 @@ def test_a_model_name_is_a_value_never_a_command(supervised, tmp_path: Path) -> 
     _spec_with(run.spec, model=EVIL)
     r = agent("up", str(run.spec))
     assert r.returncode == 0, r.stderr
-    snap = wait_status(run.run_dir, lambda s: s["status"] == "done", 60, "done")
+    snap = wait_status(run.run_dir, lambda s: s["status"] == "done", 120, "done")
     # The server got the name as one argument, verbatim.
-    models = httpx.get(f"{snap['servers'][0]['url']}/v1/models").json()
+    models = httpx.get(f"{snap['servers'][0]['url']}/v1/models", timeout=60).json()
     assert EVIL in json.dumps(models), models
     assert not _planted(tmp_path) and not _planted(Path.cwd()), _planted(tmp_path)
     assert "PWNED" not in "".join(os.listdir("/tmp"))
@@ -60,7 +60,7 @@ def test_json_braces_in_the_command_are_refused_at_load_not_after_up(supervised)
     lines[i] = "command = " + json.dumps(command + """ --attention-backend '{{"a": 1}}'""")
     run.spec.write_text("\n".join(lines) + "\n")
     assert agent("up", str(run.spec)).returncode == 0
-    wait_status(run.run_dir, lambda s: s["status"] == "done", 60, "done")
+    wait_status(run.run_dir, lambda s: s["status"] == "done", 120, "done")
     script = (run.run_dir / "launch" / "launch_gpu0.sh").read_text()
     assert """--attention-backend '{"a": 1}'""" in script
 

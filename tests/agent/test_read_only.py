@@ -45,7 +45,7 @@ class Rpc:
         self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": rid, "method": method,
                                           "params": params}).encode() + b"\n")
         while True:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), 30)
+            line = await asyncio.wait_for(self.proc.stdout.readline(), 120)
             assert line, "the agent closed the session"
             msg = json.loads(line)
             if msg.get("id") == rid:
@@ -102,7 +102,7 @@ async def test_a_read_only_key_can_look_and_nothing_else(sshd: SshServer, run_di
 async def test_read_only_holds_against_a_live_supervisor(sshd: SshServer, supervised) -> None:
     run = supervised(1, prompts=3000, sim_args="--time-scale 1", concurrency_per_server=4)
     assert agent("up", str(run.spec)).returncode == 0
-    await asyncio.to_thread(wait_status, run.run_dir, lambda s: s["status"] == "running", 60,
+    await asyncio.to_thread(wait_status, run.run_dir, lambda s: s["status"] == "running", 120,
                             "running")
     control = (run.run_dir / "control.json").read_bytes()
     key = sshd.add_key("look", forced(run.run_dir, "--read-only"))
@@ -115,7 +115,7 @@ async def test_read_only_holds_against_a_live_supervisor(sshd: SshServer, superv
             assert reply.get("error", {}).get("code") == -32002, (method, reply)
         assert (await rpc.call("status"))["result"]["status"] == "running"
     assert (run.run_dir / "control.json").read_bytes() == control
-    snap = await asyncio.to_thread(wait_status, run.run_dir, lambda s: True, 10, "status")
+    snap = await asyncio.to_thread(wait_status, run.run_dir, lambda s: True, 120, "status")
     assert snap["status"] == "running" and snap["servers"][0]["state"] == "healthy"
 
 

@@ -29,7 +29,7 @@ def run_dir(made: Path, tmp_path: Path) -> Iterator[Path]:
 def test_a_fifo_in_logs_does_not_freeze_the_agent(run_dir: Path) -> None:
     os.mkfifo(run_dir / "logs" / "x.log")
     out = serve(run_dir, request(1, "logs", name="x"), request(2, "hello", protocol=1),
-                timeout=30)
+                timeout=180)
     assert out.code == 0, out.stderr
     err = out.by_id(1)["error"]
     assert err["code"] == -32002 and "not a regular file" in err["message"], err
@@ -120,7 +120,7 @@ def test_status_from_disk_survives_an_odd_progress_json(run_dir: Path, tmp_path:
     else:
         (tmp_path / "elsewhere.json").write_text('{"total": 1}')
         progress.symlink_to(tmp_path / "elsewhere.json")
-    out = serve(run_dir, request(1, "hello", protocol=1), request(2, "status"), timeout=30)
+    out = serve(run_dir, request(1, "hello", protocol=1), request(2, "status"), timeout=180)
     assert out.code == 0 and "Traceback" not in out.stderr, out.stderr
     snap = out.by_id(2)["result"]
     assert snap["progress"] is None, snap

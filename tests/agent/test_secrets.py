@@ -58,7 +58,7 @@ def test_secrets_stay_out_of_every_served_file_and_survive_a_kill_9(supervised) 
     _with_secrets(run.spec)
     r = agent("up", str(run.spec))
     assert r.returncode == 0, r.stderr
-    wait_status(run.run_dir, lambda s: s["progress"] and s["progress"]["completed"] > 40, 60,
+    wait_status(run.run_dir, lambda s: s["progress"] and s["progress"]["completed"] > 40, 120,
                 "running with the key")
     server = run.servers()[0]
     env = _environ(server["pid"])
@@ -68,7 +68,7 @@ def test_secrets_stay_out_of_every_served_file_and_survive_a_kill_9(supervised) 
     # kill -9: the supervisor and the server; the resume must find every secret again.
     os.kill(run.supervisor_pid(), signal.SIGKILL)
     os.killpg(server["pid"], signal.SIGKILL)
-    wait_until(lambda: not alive(server["pid"]), 10, "server gone")
+    wait_until(lambda: not alive(server["pid"]), 120, "server gone")
     r = agent("resume", str(run.run_dir))
     assert r.returncode == 0, r.stderr
     done = wait_status(run.run_dir, lambda s: s["status"] == "done", 120, "done after resume")

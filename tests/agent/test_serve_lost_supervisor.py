@@ -30,14 +30,14 @@ def test_a_request_the_supervisor_died_holding_is_answered_as_unknown(tmp_path: 
         assert json.loads(await sup_r.readline())["method"] == "cede"
         sup_w.write(b'{"jsonrpc": "2.0", "id": 8, "result": {"status": "running"}}\n')
         await sup_w.drain()
-        assert json.loads(await asyncio.wait_for(client_r.readline(), 5))["id"] == 8
+        assert json.loads(await asyncio.wait_for(client_r.readline(), 120))["id"] == 8
         sup_w.close()  # dies with the cede in hand
-        reply = json.loads(await asyncio.wait_for(client_r.readline(), 5))
+        reply = json.loads(await asyncio.wait_for(client_r.readline(), 120))
         assert reply["id"] == 7 and reply["error"]["code"] == NO_ANSWER
         message = reply["error"]["message"]
         assert str(tmp_path) in message and "before answering cede" in message
         assert "may or may not have been done" in message
-        await asyncio.wait_for(pump, 5)
+        await asyncio.wait_for(pump, 120)
         assert session.upstream is None  # later calls are answered from the run dir
         out_w.close()
 

@@ -78,7 +78,7 @@ def test_stale_sockets_of_dead_supervisors_are_removed(monkeypatch: pytest.Monke
         run = supervised(1, prompts=20)
         r = agent("up", str(run.spec))
         assert r.returncode == 0, r.stderr
-        wait_status(run.run_dir, lambda s: s["status"] == "done", 60, "done")
+        wait_status(run.run_dir, lambda s: s["status"] == "done", 120, "done")
         assert not stale.exists(), "the stale socket is still there"
         assert live_path.exists(), "a live socket was removed"
         mine = Path((run.run_dir / "agent.sock.path").read_text().strip())

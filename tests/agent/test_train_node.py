@@ -20,7 +20,7 @@ from tests.trainer.tinyworld import build_world, word_lines, write_batches, writ
 def up(spec: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     return subprocess.run([sys.executable, "-m", "agents.cli", "up", str(spec)],
-                          capture_output=True, text=True, timeout=60, env=env)
+                          capture_output=True, text=True, timeout=180, env=env)
 
 
 async def test_supervised_training_run_and_its_pull(tmp_path: Path) -> None:
@@ -60,7 +60,7 @@ async def test_supervised_training_run_and_its_pull(tmp_path: Path) -> None:
         assert len(on_node) > len(keep), "every checkpoint would have been pulled anyway"
     finally:
         subprocess.run([sys.executable, "-m", "agents.cli", "down", str(run_dir), "--yes"],
-                       capture_output=True, timeout=60)
-        wait_until(lambda: rpc_status(run_dir)["source"] == "disk", 30, "supervisor gone")
+                       capture_output=True, timeout=180)
+        wait_until(lambda: rpc_status(run_dir)["source"] == "disk", 120, "supervisor gone")
     assert json.loads((run_dir / "control.log.jsonl").read_text().splitlines()[0])[
         "method"] == "launch"

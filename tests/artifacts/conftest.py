@@ -43,7 +43,7 @@ def made_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MadeRun]:
                 spec = write_spec(root / "run.toml", prompts, [sim.url], s3=s3,
                                   batch_size=BATCH_SIZE)
                 engine = start_engine(spec, env=s3.env())
-                assert engine.wait(120) == 0, engine.stderr()
+                assert engine.wait(300) == 0, engine.stderr()
             finally:
                 kill_pid(sim.proc)
             progress = json.loads((engine.run_dir / "progress.json").read_text())

@@ -67,7 +67,7 @@ class FakeNode:
             'name = "gen-1"', 'host = "127.0.0.1"', f"port = {sshd.port}",
             f'user = "{sshd.user}"', f'identity_file = "{sshd.client_key}"',
             f'known_hosts = "{sshd.known_hosts}"', f'run_dir = "{self.run_dir}"',
-            f'agent = "{sys.executable} {script} {self.scenario}"', "connect_timeout_s = 5",
+            f'agent = "{sys.executable} {script} {self.scenario}"', "connect_timeout_s = 30",
             ""]))
 
     def answer(self, answers: dict[str, Any]) -> None:

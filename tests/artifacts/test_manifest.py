@@ -182,7 +182,7 @@ def test_manifest_listing_escapes_control_characters_in_names(tmp_path: Path) ->
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "logs" / "a\x1b[2Jb\x07.log").write_bytes(b"x")
     r = subprocess.run([sys.executable, "-m", "agents.cli", "manifest", str(run_dir)],
-                       capture_output=True, timeout=60)
+                       capture_output=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert b"\x1b" not in r.stdout and b"\x07" not in r.stdout
     assert b"logs/a\\x1b[2Jb\\x07.log" in r.stdout

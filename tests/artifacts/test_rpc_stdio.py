@@ -40,7 +40,7 @@ class StdioAgent:
     def close(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        assert self.proc.wait(timeout=20) == 0
+        assert self.proc.wait(timeout=60) == 0
 
 
 def test_serve_stdio_answers_manifest_and_verify(run_copy: Path, s3_env: S3Server) -> None:

@@ -234,12 +234,12 @@ def test_reassign_moves_what_s3_says_is_not_done(tmp_path: Path, s3_env: S3Serve
     assert r.ok, r.problems
     # The same from the node's shell: `fleetdeck-agent verify-union RUN_DIR`.
     cli = subprocess.run([sys.executable, "-m", "agents.cli", "verify-union", str(node)],
-                         capture_output=True, text=True, timeout=60, env=os.environ)
+                         capture_output=True, text=True, timeout=180, env=os.environ)
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert "shard 1/3: 4 done, 1 failed of 5 owned, 1 batches, reassigned to gen-3" in cli.stdout
     c.delete(batch_name(2, shard=Shard(2, N)))
     cli = subprocess.run([sys.executable, "-m", "agents.cli", "verify-union", str(node),
-                          "--json"], capture_output=True, text=True, timeout=60,
+                          "--json"], capture_output=True, text=True, timeout=180,
                          env=os.environ)
     assert cli.returncode == 1 and not json.loads(cli.stdout)["ok"]
 

@@ -27,7 +27,7 @@ MiB = 1 << 20
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+                          text=True, timeout=180, env={**os.environ, **(env or {})})
 
 
 def _failed(report: VerifyReport) -> dict[str, str]:

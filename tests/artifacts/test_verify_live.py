@@ -108,7 +108,7 @@ def _race(tmp_path: Path, url: str) -> None:
                       concurrency_per_server=64)
     engine = start_engine(spec)
     run_dir = tmp_path / "run"
-    wait_progress(engine, lambda p: p["completed"] >= 100, 60, "first completions")
+    wait_progress(engine, lambda p: p["completed"] >= 100, 120, "first completions")
     reports = []
     while engine.proc.poll() is None:
         report = verify_run(run_dir)
@@ -116,7 +116,7 @@ def _race(tmp_path: Path, url: str) -> None:
             break  # it ended during this verify: the report may say either
         reports.append(report)
         assert report.ok, (report.run_status, report.problems)
-    assert engine.wait(60) == 0, engine.stderr()
+    assert engine.wait(300) == 0, engine.stderr()
     live = [r for r in reports if any(c.name == "live" for c in r.checks)]
     assert len(live) >= 3, f"only {len(live)} reports while the engine ran"
     final = verify_run(run_dir)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -22,10 +22,14 @@ from tests.engine.runs import write_prompts
 from tests.plugins.supervised import port_block
 from tests.servers.ports import wait_until
 
+ScreenT = TypeVar("ScreenT")
 
-async def until(pilot: Any, cond: Callable[[], Any], timeout: float = 20.0,
+
+async def until(pilot: Any, cond: Callable[[], Any], timeout: float = 60.0,
                 what: str = "condition") -> Any:
-    """Let the app run until cond() is truthy (polling); fail naming `what` after timeout."""
+    """Let the app run until cond() is truthy (polling); fail naming `what` after timeout.
+    A wait that passes costs nothing, so timeouts are sized for a loaded machine: at least
+    60 s for the TUI alone, 120 s where a real agent, engine or sshd must answer too."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
@@ -36,7 +40,14 @@ async def until(pilot: Any, cond: Callable[[], Any], timeout: float = 20.0,
         await pilot.pause(0.05)
 
 
-def agent(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def on_screen(app: Any, kind: type[ScreenT]) -> ScreenT | None:
+    """The app's screen once it is a mounted `kind` (composed: its widgets are there), else
+    None. A pushed screen is on top before its widgets exist."""
+    screen = app.screen
+    return screen if isinstance(screen, kind) and screen.is_mounted else None
+
+
+def agent(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True,
                           text=True, timeout=timeout)
 
@@ -81,7 +92,7 @@ def start_run(root: Path, prompts: int = 4000, servers: int = 2) -> LiveRun:
              "connect_timeout_s = 2.0"]
     spec = root / "run.toml"
     spec.write_text("\n".join(lines) + "\n")
-    r = agent("up", str(spec), timeout=120)
+    r = agent("up", str(spec), timeout=180)
     assert r.returncode == 0, r.stderr
     return LiveRun(root, spec, root / "run")
 
@@ -103,7 +114,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     # loaded machine makes the ones before it (4,000 finished mid-module under load).
     run = start_run(tmp_path_factory.mktemp("tui-run"), prompts=40_000)
     try:
-        wait_until(lambda: (run.run_dir / "progress.json").exists(), 60, "the engine started")
+        wait_until(lambda: (run.run_dir / "progress.json").exists(), 120, "the engine started")
         yield run
     finally:
         stop_run(run)

@@ -1,4 +1,5 @@
-"""Reading what the TUI shows: the screen as plain text, the latest snapshot, notifications."""
+"""Reading what the TUI shows: the screen as plain text, the latest snapshot, notifications
+(kept up for snapshot images)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,18 @@ def snapshot(app: FleetdeckApp, node: str = "sim-1") -> Snapshot | None:
 def progress(app: FleetdeckApp, node: str = "sim-1") -> Progress | None:
     snap = snapshot(app, node)
     return snap.progress if snap is not None else None
+
+
+def lasting(app: FleetdeckApp) -> None:
+    """Toasts stay up until a snapshot image is taken. They expire by the wall clock (an
+    alert's after 15 s), which a loaded machine can spend before the image: the frozen clock
+    keeps every age on screen, and this keeps every toast."""
+    notify = app.notify
+
+    def notify_lasting(message: str, **kwargs: Any) -> None:
+        notify(message, **{**kwargs, "timeout": 3600})
+
+    app.notify = notify_lasting  # type: ignore[method-assign]
 
 
 class Recorder:

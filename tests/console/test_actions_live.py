@@ -17,7 +17,7 @@ from console.tui.screens.node import GenerateScreen
 from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
 from console.tui.widgets.log_pane import LogPane
 from console.tui.widgets.prompt import ValueModal
-from tests.console.conftest import LiveRun, until
+from tests.console.conftest import LiveRun, on_screen, until
 from tests.console.screen import Recorder, progress, screen_text, server, snapshot
 from tests.servers.sshd import SshServer
 
@@ -28,15 +28,13 @@ async def open_node(pilot: Any, app: FleetdeckApp) -> GenerateScreen:
     await until(pilot, lambda: progress(app) is not None and progress(app).status == "running"
                 and len(snapshot(app).servers) == 2, 180, "a running snapshot")
     await pilot.press("enter")
-    screen = await until(pilot, lambda: app.screen if isinstance(app.screen, GenerateScreen)
-                         else None, 90, "the node screen")
+    screen = await until(pilot, lambda: on_screen(app, GenerateScreen), 120, "the node screen")
     assert isinstance(screen, GenerateScreen)
     return screen
 
 
 async def answer_value(pilot: Any, app: FleetdeckApp, text: str) -> None:
-    modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ValueModal)
-                        else None, 90, "the value prompt")
+    modal = await until(pilot, lambda: on_screen(app, ValueModal), 120, "the value prompt")
     field = modal.query_one(Input)
     assert field.has_focus
     await pilot.press(*text)  # the current value is selected: typing replaces it
@@ -44,8 +42,7 @@ async def answer_value(pilot: Any, app: FleetdeckApp, text: str) -> None:
 
 
 async def confirm(pilot: Any, app: FleetdeckApp, question: str) -> None:
-    modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ConfirmModal)
-                        else None, 90, "the confirmation")
+    modal = await until(pilot, lambda: on_screen(app, ConfirmModal), 120, "the confirmation")
     assert question in modal.question
     await pilot.press("y")
 
@@ -56,26 +53,26 @@ async def test_live_controls(live_run: LiveRun) -> None:
     async with app.run_test(size=SIZE, message_hook=rec) as pilot:
         await open_node(pilot, app)
         # The sparklines' past comes from the `history` RPC, fetched on opening the node.
-        await until(pilot, lambda: app.fetched["sim-1"].history.loaded, 45, "history fetched")
+        await until(pilot, lambda: app.fetched["sim-1"].history.loaded, 120, "history fetched")
 
         await pilot.press("p")
         await until(pilot, lambda: progress(app).paused and "PAUSED" in screen_text(app),
-                    45, "paused on screen")
-        assert rec.has("sim-1: paused")
+                    120, "paused on screen")
+        await until(pilot, lambda: rec.has("sim-1: paused"), 120, "the pause reported")
         await pilot.press("P")
         await until(pilot, lambda: not progress(app).paused
-                    and "PAUSED" not in screen_text(app), 45, "unpaused")
+                    and "PAUSED" not in screen_text(app), 120, "unpaused")
 
         # Resize every server through the prompt, then +/- by one.
         await pilot.press("c")
         await answer_value(pilot, app, "6")
         await pilot.press("enter")
         await until(pilot, lambda: progress(app).concurrency == 6
-                    and "concurrency 6 " in screen_text(app), 45, "concurrency 6 on screen")
+                    and "concurrency 6 " in screen_text(app), 120, "concurrency 6 on screen")
         await pilot.press("plus")
-        await until(pilot, lambda: progress(app).concurrency == 7, 45, "concurrency 7")
+        await until(pilot, lambda: progress(app).concurrency == 7, 120, "concurrency 7")
         await pilot.press("minus")
-        await until(pilot, lambda: progress(app).concurrency == 6, 45, "back to 6")
+        await until(pilot, lambda: progress(app).concurrency == 6, 120, "back to 6")
 
         # One server only: the selected GPU row (server 1).
         await pilot.press("down")
@@ -83,37 +80,36 @@ async def test_live_controls(live_run: LiveRun) -> None:
         await answer_value(pilot, app, "3")
         await pilot.press("tab", "space", "shift+tab", "enter")
         await until(pilot, lambda: server(app, 1).limit == 3 and server(app, 0).limit == 6
-                    and "/3 " in screen_text(app), 45, "server 1 limited to 3")
+                    and "/3 " in screen_text(app), 120, "server 1 limited to 3")
 
         # Max tokens: the prompt shows the truncation rate beside it.
         await pilot.press("m")
-        modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ValueModal)
-                            else None, 90, "the max tokens prompt")
+        modal = await until(pilot, lambda: on_screen(app, ValueModal), 120, "the max tokens prompt")
         assert "truncated" in str(modal.note)
         await answer_value(pilot, app, "200")
         await pilot.press("enter")
         await until(pilot, lambda: progress(app).max_tokens == 200
-                    and "max_tokens 200 " in screen_text(app), 45, "max_tokens 200 shown")
+                    and "max_tokens 200 " in screen_text(app), 120, "max_tokens 200 shown")
 
         # Retry truncated: a choice, then the engine applies a new control revision.
         rev = progress(app).control_rev
         await pilot.press("R")
-        await until(pilot, lambda: isinstance(app.screen, ChoiceModal), 90, "retry choice")
+        await until(pilot, lambda: on_screen(app, ChoiceModal), 120, "retry choice")
         await pilot.press("t")
         await until(pilot, lambda: progress(app).control_rev > rev
-                    and f"rev {progress(app).control_rev}" in screen_text(app), 15,
+                    and f"rev {progress(app).control_rev}" in screen_text(app), 120,
                     "a new control rev")
-        assert rec.has("retry truncated")
+        await until(pilot, lambda: rec.has("retry truncated"), 120, "the retry reported")
 
         # Logs and samples fill their panes.
         await pilot.press("l")
         await until(pilot, lambda: len(app.screen.query_one(LogPane).lines) > 0
-                    and "generate" in screen_text(app), 45, "the log tail")
+                    and "generate" in screen_text(app), 120, "the log tail")
         await pilot.press("S")
-        await until(pilot, lambda: app.fetched["sim-1"].samples, 45, "samples fetched")
+        await until(pilot, lambda: app.fetched["sim-1"].samples, 120, "samples fetched")
         first = app.fetched["sim-1"].samples[0]
         await until(pilot, lambda: f"#{first['index']}  {first['finish_reason']}"
-                    in screen_text(app) and " answer " in screen_text(app), 15,
+                    in screen_text(app) and " answer " in screen_text(app), 120,
                     "a completion readable in the samples pane")
         assert not app.render_errors
 
@@ -138,11 +134,11 @@ async def test_restart_stop_resume(live_run: LiveRun) -> None:
         # The agent's refusal is a notification, not a crash.
         await pilot.press("s")
         await confirm(pilot, app, "Stop the job")
-        await until(pilot, lambda: rec.has("Stop refused: no job is running"), 15,
+        await until(pilot, lambda: rec.has("Stop refused: no job is running"), 120,
                     "the agent's error shown")
         await pilot.press("r")
         await until(pilot, lambda: snapshot(app).status == "running", 180, "running again")
-        assert rec.has("resume:")
+        await until(pilot, lambda: rec.has("resume:"), 120, "the resume reported")
         assert not app.render_errors
 
 
@@ -169,15 +165,14 @@ async def palette_titles(pilot: Any, app: FleetdeckApp, query: str) -> str:
     from textual.command import CommandList, CommandPalette
 
     await pilot.press("ctrl+p")
-    palette = await until(pilot, lambda: app.screen if isinstance(app.screen, CommandPalette)
-                          else None, 90, "the palette")
+    palette = await until(pilot, lambda: on_screen(app, CommandPalette), 120, "the palette")
     await pilot.press(*query)
     results = palette.query_one(CommandList)
-    await until(pilot, lambda: results.option_count > 0, 30, f"palette hits for {query}")
+    await until(pilot, lambda: results.option_count > 0, 120, f"palette hits for {query}")
     text = "\n".join(str(results.get_option_at_index(i).prompt)
                      for i in range(results.option_count))
     await pilot.press("escape")
-    await until(pilot, lambda: not isinstance(app.screen, CommandPalette), 90, "palette closed")
+    await until(pilot, lambda: not isinstance(app.screen, CommandPalette), 120, "palette closed")
     return text
 
 
@@ -201,12 +196,12 @@ async def test_a_hung_node_never_stalls_the_live_one(live_run: LiveRun, sshd: Ss
                 return found.group(0) if found else ""
 
             await until(pilot, lambda: progress(app) is not None and live_row(),
-                        60, "the live node's row")
+                        120, "the live node's row")
             first, row = progress(app).completed, live_row()
             await until(pilot, lambda: app.state.nodes["hung"].link == "unreachable"
                         and "unreachable" in screen_text(app), 180, "the hung node shown")
             await until(pilot, lambda: progress(app).completed > first and live_row() != row,
-                        60, "the live node's row moving meanwhile")
+                        120, "the live node's row moving meanwhile")
     finally:
         sshd.thaw()
 
@@ -221,8 +216,8 @@ async def test_pull_and_decommission_check(live_run: LiveRun, tmp_path: Path) ->
     async with app.run_test(size=SIZE) as pilot:
         await open_node(pilot, app)
         await pilot.press("u")
-        screen = await until(pilot, lambda: app.screen if isinstance(app.screen,
-                             DecommissionScreen) else None, 90, "the decommission screen")
+        screen = await until(pilot, lambda: on_screen(app, DecommissionScreen),
+                             120, "the decommission screen")
         assert isinstance(screen, DecommissionScreen)
         label = screen.query_one("#pull-label", Label)
         await until(pilot, lambda: str(label.render()).startswith("pulled:"), 180, "the pull")
@@ -232,7 +227,7 @@ async def test_pull_and_decommission_check(live_run: LiveRun, tmp_path: Path) ->
         assert "✗ run finished" in str(items.render())  # the run is live: not safe
         assert "NOT safe" in str(screen.query_one("#verdict", Label).render())
         await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, DecommissionScreen), 10, "closed")
+        await until(pilot, lambda: not isinstance(app.screen, DecommissionScreen), 120, "closed")
 
 
 async def test_down(live_run: LiveRun) -> None:
@@ -244,5 +239,5 @@ async def test_down(live_run: LiveRun) -> None:
         assert "Down" in await palette_titles(pilot, app, "Down")
         await pilot.press("D")
         await confirm(pilot, app, "Take sim-1 down")
-        await until(pilot, lambda: rec.has("down:"), 45, "down acknowledged")
+        await until(pilot, lambda: rec.has("down:"), 120, "down acknowledged")
         await until(pilot, lambda: not alive(pid), 180, "the supervisor gone")

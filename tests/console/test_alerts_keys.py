@@ -33,7 +33,7 @@ async def test_new_alert_rings_notifies_and_runs_the_command(tmp_path: Path) -> 
         await pilot.pause()
         assert not rings
         app.ingest("gen-1", d.generate_snapshot())  # server_restarts appears
-        await until(pilot, lambda: out.exists() and out.read_text().endswith("\n"), 10,
+        await until(pilot, lambda: out.exists() and out.read_text().endswith("\n"), 60,
                     "the alert command's stdin")
         got = json.loads(out.read_text())
         assert got["node"] == "gen-1"
@@ -53,7 +53,7 @@ async def test_a_failing_alert_command_is_a_notification(tmp_path: Path) -> None
     rec = Recorder()
     async with app.run_test(message_hook=rec) as pilot:
         app.ingest("gen-1", d.generate_snapshot())
-        await until(pilot, lambda: rec.has("exited 3: nope"), 10, "the command's failure")
+        await until(pilot, lambda: rec.has("exited 3: nope"), 60, "the command's failure")
         assert app.is_running
 
 
@@ -101,10 +101,10 @@ async def test_stale_figures_show_their_age() -> None:
         assert "reconnecting" not in screen_text(app)
         now[0] = d.NOW + 75
         app.state.set_link("gen-1", "reconnecting", "connection lost")
-        await until(pilot, lambda: "reconnecting 75 s" in screen_text(app), 5,
+        await until(pilot, lambda: "reconnecting 75 s" in screen_text(app), 60,
                     "the age beside the link state")
         await pilot.press("enter")
-        await until(pilot, lambda: "figures 75 s old" in screen_text(app), 5,
+        await until(pilot, lambda: "figures 75 s old" in screen_text(app), 60,
                     "the node screen's age")
 
 
@@ -113,8 +113,8 @@ async def test_actions_without_a_link_report_an_error() -> None:
     app = FleetdeckApp(one_node(bell=False), connect=False)
     async with app.run_test(message_hook=rec) as pilot:
         app.ingest("gen-1", d.generate_snapshot())
-        await until(pilot, lambda: "qwen-traces" in screen_text(app), 5, "the node's row")
+        await until(pilot, lambda: "qwen-traces" in screen_text(app), 60, "the node's row")
         await pilot.press("p")
-        await until(pilot, lambda: rec.has("Pause failed: gen-1 is not connected"), 5,
+        await until(pilot, lambda: rec.has("Pause failed: gen-1 is not connected"), 60,
                     "the error as a notification")
         assert app.is_running

@@ -27,7 +27,7 @@ from console.tui.widgets.confirm import ConfirmModal
 from console.tui.widgets.keys import mnemonic
 from console.tui.widgets.retry import RetryModal
 from tests.console import data as d
-from tests.console.conftest import until
+from tests.console.conftest import on_screen, until
 from tests.console.screen import Recorder, screen_text
 
 
@@ -136,7 +136,7 @@ async def test_a_modal_binding_remapped_and_an_old_id_still_works() -> None:
         await pilot.pause()
         assert isinstance(app.screen, ConfirmModal) and answers == []
         await pilot.press("j")
-        await until(pilot, lambda: answers == [True], 10, "yes on the remapped key")
+        await until(pilot, lambda: answers == [True], 60, "yes on the remapped key")
 
         await app.push_screen(RetryModal("gen-1"), answers.append)
         labels = [str(b.label) for b in app.screen.query(Button)]
@@ -145,10 +145,10 @@ async def test_a_modal_binding_remapped_and_an_old_id_still_works() -> None:
         await pilot.pause()
         assert isinstance(app.screen, RetryModal)
         await pilot.press("g")
-        await until(pilot, lambda: answers[-1] == "failed", 10, "failed on the remapped key")
+        await until(pilot, lambda: answers[-1] == "failed", 60, "failed on the remapped key")
         await app.push_screen(RetryModal("gen-1"), answers.append)
         await pilot.press("escape")
-        await until(pilot, lambda: answers[-1] is None and len(answers) == 3, 10, "cancel")
+        await until(pilot, lambda: answers[-1] is None and len(answers) == 3, 60, "cancel")
 
 
 async def test_hints_name_the_users_keys() -> None:
@@ -160,15 +160,15 @@ async def test_hints_name_the_users_keys() -> None:
         await pilot.pause()
         screen = DecommissionScreen(app.fleet.node("gen-1"), Path("/tmp/pulls"), lambda: None)
         await app.push_screen(screen)
-        await until(pilot, lambda: "gen-1 is not connected" in screen_text(app), 10,
+        await until(pilot, lambda: "gen-1 is not connected" in screen_text(app), 60,
                     "the check refused without a link")
         hint = str(screen.query(Label).last().render())
         assert hint == "U pull what is missing · r check again · ^w close"
         await pilot.press("ctrl+w")
-        await until(pilot, lambda: isinstance(app.screen, FleetScreen), 10, "closed")
+        await until(pilot, lambda: on_screen(app, FleetScreen), 60, "closed")
         await pilot.press("enter")
         await until(pilot, lambda: "press o for the log tail" in str(
-            app.screen.query_one("#log-title", Label).render()), 10, "the log hint")
+            app.screen.query_one("#log-title", Label).render()), 60, "the log hint")
 
 
 def test_no_inline_css_outside_themes() -> None:
@@ -184,10 +184,9 @@ async def test_the_palette_names_the_remapped_key() -> None:
     app = FleetdeckApp(one_node(bell=False, keymap={"pause": "z"}), connect=False)
     async with app.run_test(size=(120, 30)) as pilot:
         await pilot.press("ctrl+p")
-        palette = await until(pilot, lambda: app.screen if isinstance(app.screen,
-                              CommandPalette) else None, 10, "the palette")
+        palette = await until(pilot, lambda: on_screen(app, CommandPalette), 60, "the palette")
         await pilot.press(*"pause")
         results = palette.query_one(CommandList)
         await until(pilot, lambda: any("[z]" in str(results.get_option_at_index(i).prompt)
-                                       for i in range(results.option_count)), 10,
+                                       for i in range(results.option_count)), 60,
                     "the pause hit naming z")

@@ -16,8 +16,8 @@ from console.tui.app import FleetdeckApp
 from console.tui.screens.campaign import CampaignScreen
 from console.tui.screens.node import GenerateScreen
 from tests.console import data as d
-from tests.console.conftest import start_run, stop_run, until
-from tests.console.screen import Recorder, progress, screen_text
+from tests.console.conftest import on_screen, start_run, stop_run, until
+from tests.console.screen import Recorder, lasting, progress, screen_text
 from tests.console.test_actions_live import answer_value, confirm
 
 SIZE = (160, 48)
@@ -49,7 +49,7 @@ async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> Non
         async with app.run_test(size=SIZE, message_hook=rec) as pilot:
             await until(pilot, lambda: every(lambda p: p.status == "running"), 120,
                         "both nodes running")
-            await until(pilot, lambda: "2/2 live" in screen_text(app), 20, "the campaign row")
+            await until(pilot, lambda: "2/2 live" in screen_text(app), 120, "the campaign row")
             text = screen_text(app)
             assert text.index("▸ traces") < text.index("└ gen-1 0/2") < text.index("└ gen-2 1/2")
             assert app.current_campaign() == "traces" and app.current_node() is None
@@ -60,43 +60,42 @@ async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> Non
             await pilot.press("L")
             await confirm(pilot, app, "Launch campaign traces on 2 nodes?")
             await until(pilot, lambda: rec.has("traces: not launched: gen-1, gen-2 did not "
-                                               "pass the check; nothing was started"), 30,
+                                               "pass the check; nothing was started"), 120,
                         "the refused launch")
             assert rec.has("gen-1: Launch refused: ") and rec.has("gen-2: Launch refused: ")
             assert [audited(r.run_dir).count("launch") for r in runs] == launches
             assert every(lambda p: p.status == "running" and p.shard is None)
 
             await pilot.press("p")  # the cursor is on the campaign's row
-            await until(pilot, lambda: every(lambda p: p.paused), 45, "both paused")
-            await until(pilot, lambda: rec.has("traces: pause: all 2 nodes"), 10, "the summary")
+            await until(pilot, lambda: every(lambda p: p.paused), 120, "both paused")
+            await until(pilot, lambda: rec.has("traces: pause: all 2 nodes"), 120, "the summary")
             assert rec.has("gen-1: paused") and rec.has("gen-2: paused")
             await pilot.press("P")
-            await until(pilot, lambda: every(lambda p: not p.paused), 45, "both unpaused")
+            await until(pilot, lambda: every(lambda p: not p.paused), 120, "both unpaused")
 
             await pilot.press("c")
             await answer_value(pilot, app, "5")
             await pilot.press("enter")
-            await until(pilot, lambda: every(lambda p: p.concurrency == 5), 45, "5 on both")
+            await until(pilot, lambda: every(lambda p: p.concurrency == 5), 120, "5 on both")
 
             # Enter: the campaign's shards; its actions still go to every node.
             await pilot.press("enter")
-            screen = await until(pilot, lambda: app.screen if isinstance(
-                app.screen, CampaignScreen) else None, 30, "the campaign screen")
+            screen = await until(pilot, lambda: on_screen(app, CampaignScreen),
+                                 120, "the campaign screen")
             await until(pilot, lambda: "0/2" in screen_text(app) and "1/2" in screen_text(app)
-                        and "generate campaign · 2/2 live" in screen_text(app), 20,
+                        and "generate campaign · 2/2 live" in screen_text(app), 120,
                         "the shards listed")
             await pilot.press("m")
             await answer_value(pilot, app, "300")
             await pilot.press("enter")
-            await until(pilot, lambda: every(lambda p: p.max_tokens == 300), 45,
+            await until(pilot, lambda: every(lambda p: p.max_tokens == 300), 120,
                         "max_tokens 300 on both")
             # One node's action on a campaign: refused with a pointer, nothing sent.
             await pilot.press("l")
-            await until(pilot, lambda: rec.has("traces: Logs is one node's action"), 10,
+            await until(pilot, lambda: rec.has("traces: Logs is one node's action"), 120,
                         "the pointer to a shard")
             await pilot.press("enter")  # the cursor is on the first shard
-            node = await until(pilot, lambda: app.screen if isinstance(
-                app.screen, GenerateScreen) else None, 30, "gen-1's screen")
+            node = await until(pilot, lambda: on_screen(app, GenerateScreen), 120, "gen-1's screen")
             assert node.node_name == "gen-1" and screen is not app.screen
         # Each node audited each call itself (its own line, its own `who`).
         for r in runs:
@@ -113,6 +112,7 @@ def campaign_app() -> FleetdeckApp:
     fleet.campaigns = [Campaign("qwen-all", ["gen-1", "gen-2"])]
     app = FleetdeckApp(fleet, connect=False, clock=lambda: d.NOW)
     app.animation_level = "none"
+    lasting(app)
     return app
 
 
@@ -142,7 +142,7 @@ def test_campaign_screen(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await feed(pilot)
         await pilot.press("enter")  # the cursor is on the campaign's row
-        await until(pilot, lambda: isinstance(pilot.app.screen, CampaignScreen), 10,
+        await until(pilot, lambda: on_screen(pilot.app, CampaignScreen), 60,
                     "the campaign screen")
         pilot.app.redraw()
         await pilot.pause()
@@ -168,7 +168,7 @@ async def test_a_node_given_back_shows_as_given_back_and_its_shard_still_counts(
         app.ingest("gen-2", gen2)
         app.state.set_link("gen-2", "unreachable", "connection refused")
         app.redraw()
-        await until(pilot, lambda: "└ gen-2" in screen_text(app), 10, "gen-2's row")
+        await until(pilot, lambda: "└ gen-2" in screen_text(app), 60, "gen-2's row")
         lines = screen_text(app).splitlines()
         campaign = next(x for x in lines if "campaign · 2 nodes" in x)
         assert "1/2 live, 1 given back" in campaign

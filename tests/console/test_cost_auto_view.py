@@ -18,7 +18,7 @@ from console.fleet import ConsoleSettings, Fleet, Node
 from console.tui.app import FleetdeckApp
 from console.tui.screens.node import GenerateScreen
 from tests.console import data as d
-from tests.console.conftest import until
+from tests.console.conftest import on_screen, until
 from tests.console.screen import screen_text
 
 SIZE = (160, 48)
@@ -62,13 +62,13 @@ async def test_the_idle_alert_names_the_users_keys() -> None:
     app = FleetdeckApp(fleet(keymap={"pull": "U"}), connect=False, clock=lambda: d.NOW)
     async with app.run_test(size=SIZE) as pilot:
         await fed(pilot, idle_snapshot(), d.generate_snapshot(alerts=[]))
-        await until(pilot, lambda: "GPUs idle on gpu-box-7" in screen_text(app), 10,
+        await until(pilot, lambda: "GPUs idle on gpu-box-7" in screen_text(app), 60,
                     "the idle alert in the fleet view")
         assert "U pull · k decommission" in words(app)
         await pilot.press("enter")  # gen-1's screen: the same alert, the same keys
-        await until(pilot, lambda: isinstance(app.screen, GenerateScreen), 10, "gen-1")
+        await until(pilot, lambda: on_screen(app, GenerateScreen), 60, "gen-1")
         app.redraw()
-        await until(pilot, lambda: "U pull · k decommission" in words(app), 10,
+        await until(pilot, lambda: "U pull · k decommission" in words(app), 60,
                     "the keys on the node screen")
 
 
@@ -80,7 +80,7 @@ async def test_a_fleet_file_price_overrides_the_runs_and_the_bar_adds_up() -> No
         await fed(pilot, d.generate_snapshot(alerts=[]),
                   d.generate_snapshot(alerts=[], progress=slow))
         text = await until(pilot, lambda: screen_text(app) if "in all" in screen_text(app)
-                           else None, 10, "the fleet bar")
+                           else None, 60, "the fleet bar")
         # 14.37 + 5.62 req/s; 7 servers x 2230 tok/s on each node; gen-2 finishes last;
         # gen-1 at the fleet file's $4/GPU-h (61 GPU-h = $244) + gen-2's own $151.89.
         assert "19.99 req/s, 31.2k tok/s in all" in text
@@ -88,10 +88,10 @@ async def test_a_fleet_file_price_overrides_the_runs_and_the_bar_adds_up() -> No
         assert "$395.89 so far" in text
         assert "8.9 h 7.8–11" in text and "12.5 h 11–15" in text  # the ETA column's bands
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, GenerateScreen), 10, "gen-1")
+        await until(pilot, lambda: on_screen(app, GenerateScreen), 60, "gen-1")
         app.redraw()
         text = await until(pilot, lambda: screen_text(app) if "GPU time" in screen_text(app)
-                           else None, 10, "the run panel")
+                           else None, 60, "the run panel")
         assert "$244.00 · $0.30/M tok" in text  # $244 / 812 M output tokens
         assert "61.0 GPU-h · 7 GPUs × $4.00/h (fleet)" in text
         assert "8.9 h (7.8 h–10.6 h)" in text
@@ -107,21 +107,20 @@ async def test_the_palettes_auto_tune_reaches_the_node(tmp_path: Path) -> None:
     app = FleetdeckApp(Fleet(nodes=[node], console=ConsoleSettings(bell=False),
                              source="test-fleet"))
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: app.state.nodes["sim-1"].link == "connected", 60,
+        await until(pilot, lambda: app.state.nodes["sim-1"].link == "connected", 120,
                     "the local agent")
         await pilot.press("ctrl+p")
-        palette = await until(pilot, lambda: app.screen if isinstance(app.screen,
-                              CommandPalette) else None, 10, "the palette")
+        palette = await until(pilot, lambda: on_screen(app, CommandPalette), 120, "the palette")
         await pilot.press(*"auto-tune")
         results = palette.query_one(CommandList)
         await until(pilot, lambda: results.option_count and "[a]" in str(
-            results.get_option_at_index(0).prompt), 10, "the Auto-tune hit naming a")
+            results.get_option_at_index(0).prompt), 120, "the Auto-tune hit naming a")
         await pilot.press("enter")
 
         def control() -> dict[str, Any]:
             return json.loads((run_dir / "control.json").read_text())
 
-        await until(pilot, lambda: control()["concurrency"]["auto"], 30, "auto in control.json")
+        await until(pilot, lambda: control()["concurrency"]["auto"], 120, "auto in control.json")
         assert control()["rev"] == 2
         audit = [json.loads(x) for x in (run_dir / "control.log.jsonl").read_text().splitlines()]
         assert audit[-1]["method"] == "resize" and audit[-1]["params"]["value"] == "auto"

@@ -11,7 +11,7 @@ from textual.widgets import Label, ProgressBar, Static
 from console.fleet import ConsoleSettings, Fleet, Node
 from console.tui.app import FleetdeckApp
 from console.tui.screens.decommission import DecommissionScreen
-from tests.console.conftest import until
+from tests.console.conftest import on_screen, until
 from tests.servers.s3 import S3Server
 
 
@@ -26,10 +26,10 @@ async def test_red_items_then_pull_then_all_green(finished_run: Path, tmp_path: 
     fleet = Fleet(nodes=[node], console=ConsoleSettings(pull_dir=str(pulls)), source="(test)")
     app = FleetdeckApp(fleet)
     async with app.run_test(size=(150, 45)) as pilot:
-        await until(pilot, lambda: app.state.nodes["gen-1"].link == "connected", 60, "connected")
+        await until(pilot, lambda: app.state.nodes["gen-1"].link == "connected", 120, "connected")
         await pilot.press("k")
-        screen = await until(pilot, lambda: app.screen if isinstance(app.screen,
-                             DecommissionScreen) else None, 30, "the decommission screen")
+        screen = await until(pilot, lambda: on_screen(app, DecommissionScreen),
+                             120, "the decommission screen")
         assert isinstance(screen, DecommissionScreen)
         items = screen.query_one("#items", Static)
         verdict = screen.query_one("#verdict", Label)
@@ -63,12 +63,12 @@ async def test_a_campaign_node_gets_the_campaign_items_in_the_tui(tmp_path: Path
                   console=ConsoleSettings(pull_dir=str(tmp_path / "pulls")), source="(test)")
     app = FleetdeckApp(fleet)
     async with app.run_test(size=(150, 45)) as pilot:
-        await until(pilot, lambda: app.state.nodes["gen-1"].link == "connected", 60, "connected")
+        await until(pilot, lambda: app.state.nodes["gen-1"].link == "connected", 120, "connected")
         await pilot.press("down", "k")  # the campaign's row first, then its node's
-        screen = await until(pilot, lambda: app.screen if isinstance(app.screen,
-                             DecommissionScreen) else None, 30, "the decommission screen")
+        screen = await until(pilot, lambda: on_screen(app, DecommissionScreen),
+                             120, "the decommission screen")
         assert isinstance(screen, DecommissionScreen)
         verdict = screen.query_one("#verdict", Label)
-        await until(pilot, lambda: "NOT safe" in str(verdict.render()), 60, "the check")
+        await until(pilot, lambda: "NOT safe" in str(verdict.render()), 120, "the check")
         text = str(screen.query_one("#items", Static).render())
         assert "✗ journals in S3" in text and "not a shard" in text

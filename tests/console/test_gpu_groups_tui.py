@@ -12,7 +12,7 @@ from console.tui.app import FleetdeckApp
 from console.tui.screens.node import GenerateScreen
 from console.tui.widgets.confirm import ConfirmModal
 from tests.console import data as d
-from tests.console.conftest import until
+from tests.console.conftest import on_screen, until
 from tests.console.screen import screen_text
 
 SIZE = (160, 48)
@@ -45,10 +45,9 @@ async def opened(pilot: Any, app: FleetdeckApp, snap: dict[str, Any]) -> Generat
     app.redraw()
     await pilot.pause()
     await pilot.press("enter")
-    screen = await until(pilot, lambda: app.screen if isinstance(app.screen, GenerateScreen)
-                         else None, 20, "the node screen")
+    screen = await until(pilot, lambda: on_screen(app, GenerateScreen), 60, "the node screen")
     app.redraw()
-    await until(pilot, lambda: len(gpu_rows(app)) == 2, 20, "two GPU rows")
+    await until(pilot, lambda: len(gpu_rows(app)) == 2, 60, "two GPU rows")
     return screen
 
 
@@ -64,8 +63,8 @@ async def test_each_row_names_its_group_and_restart_asks_about_it() -> None:
         screen.gpu_table.focus()
         await pilot.press("down")
         await pilot.press("x")
-        modal = await until(pilot, lambda: app.screen if isinstance(app.screen, ConfirmModal)
-                            else None, 20, "the restart confirmation")
+        modal = await until(pilot, lambda: on_screen(app, ConfirmModal), 60,
+                            "the restart confirmation")
         assert "Restart server 1 (GPU 2-3) on gen-1?" in modal.question
         await pilot.press("n")
 

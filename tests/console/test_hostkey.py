@@ -11,7 +11,7 @@ from pathlib import Path
 from console.fleet import ConsoleSettings, Fleet, Node
 from console.tui.app import FleetdeckApp
 from console.tui.widgets.hostkey import HostKeyModal
-from tests.console.conftest import until
+from tests.console.conftest import on_screen, until
 from tests.console.screen import Recorder
 from tests.servers.sshd import SshServer
 
@@ -21,7 +21,7 @@ def ssh_fleet(sshd: SshServer, known_hosts: Path, run_dir: Path) -> Fleet:
     node = Node(name="remote", run_dir=str(run_dir), host=sshd.host, port=sshd.port,
                 user=sshd.user, identity_file=str(sshd.client_key),
                 known_hosts=str(known_hosts), agent=f"{sys.executable} -m agents.cli",
-                connect_timeout_s=5)
+                connect_timeout_s=30)
     return Fleet(nodes=[node], console=ConsoleSettings(bell=False), source="fleet.toml")
 
 
@@ -36,12 +36,12 @@ async def test_unknown_host_key_asked_then_trusted(sshd: SshServer, tmp_path: Pa
     known.write_text("")
     app = FleetdeckApp(ssh_fleet(sshd, known, tmp_path / "run"))
     async with app.run_test(size=(120, 40)) as pilot:
-        modal = await until(pilot, lambda: app.screen if isinstance(app.screen, HostKeyModal)
-                            else None, 30, "the host key question")
+        modal = await until(pilot, lambda: on_screen(app, HostKeyModal),
+                            120, "the host key question")
         assert fingerprint(sshd.host_public_key) in str(modal.detail)
         assert app.state.nodes["remote"].link == "host key"
         await pilot.press("y")
-        await until(pilot, lambda: app.state.nodes["remote"].link == "connected", 30,
+        await until(pilot, lambda: app.state.nodes["remote"].link == "connected", 120,
                     "connected after trusting the key")
         assert str(sshd.port) in known.read_text()
 
@@ -52,14 +52,14 @@ async def test_unknown_host_key_refused(sshd: SshServer, tmp_path: Path) -> None
     rec = Recorder()
     app = FleetdeckApp(ssh_fleet(sshd, known, tmp_path / "run"))
     async with app.run_test(size=(120, 40), message_hook=rec) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, HostKeyModal), 30, "the question")
+        await until(pilot, lambda: on_screen(app, HostKeyModal), 120, "the question")
         await pilot.press("n")
-        await until(pilot, lambda: rec.has("host key not trusted"), 10, "the refusal noted")
+        await until(pilot, lambda: rec.has("host key not trusted"), 120, "the refusal noted")
         assert app.state.nodes["remote"].link == "host key"
         assert known.read_text() == ""
         # Nothing more is tried until someone decides: the node's link worker has ended.
         await until(pilot, lambda: all(w.is_finished for w in app.workers
-                                       if w.name.startswith("link-")), 10, "the link stopped")
+                                       if w.name.startswith("link-")), 120, "the link stopped")
 
 
 async def test_changed_host_key_is_an_error_never_offered(sshd: SshServer,
@@ -73,6 +73,6 @@ async def test_changed_host_key_is_an_error_never_offered(sshd: SshServer,
     rec = Recorder()
     app = FleetdeckApp(ssh_fleet(sshd, known, tmp_path / "run"))
     async with app.run_test(size=(120, 40), message_hook=rec) as pilot:
-        await until(pilot, lambda: rec.has("host key CHANGED"), 30, "the changed key error")
+        await until(pilot, lambda: rec.has("host key CHANGED"), 120, "the changed key error")
         assert not isinstance(app.screen, HostKeyModal)
         assert app.state.nodes["remote"].link == "host key"

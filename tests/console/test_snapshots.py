@@ -14,13 +14,14 @@ from console.artifacts.decommission import Checklist, Item
 from console.artifacts.pull import PullProgress
 from console.tui.app import FleetdeckApp
 from console.tui.screens.decommission import DecommissionScreen
-from console.tui.screens.node import GenerateScreen
+from console.tui.screens.node import GenerateScreen, TrainScreen
 from console.tui.widgets.confirm import ConfirmModal
 from console.tui.widgets.hostkey import HostKeyModal
 from console.tui.widgets.prompt import ValueModal
 from console.tui.widgets.retry import RetryModal
 from tests.console import data as d
-from tests.console.conftest import until
+from tests.console.conftest import on_screen, until
+from tests.console.screen import lasting
 
 SIZE = (160, 48)
 
@@ -28,6 +29,7 @@ SIZE = (160, 48)
 def fed_app() -> FleetdeckApp:
     app = FleetdeckApp(d.fleet(bell=False), connect=False, clock=lambda: d.NOW)
     app.animation_level = "none"
+    lasting(app)
     return app
 
 
@@ -55,7 +57,12 @@ async def feed(pilot: Any) -> None:
 async def open_gen(pilot: Any) -> None:
     await feed(pilot)
     await pilot.press("enter")  # the cursor is on gen-1
-    await pilot.pause()
+    await shown(pilot, GenerateScreen)
+
+
+async def shown(pilot: Any, kind: type) -> None:
+    """Wait for the node screen `kind` to be up, then draw it."""
+    await until(pilot, lambda: on_screen(pilot.app, kind), 60, f"the {kind.__name__}")
     pilot.app.redraw()
     await pilot.pause()
 
@@ -85,9 +92,7 @@ def test_training_screen(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await feed(pilot)
         await pilot.press("down", "down", "enter")  # train-1
-        await pilot.pause()
-        pilot.app.redraw()
-        await pilot.pause()
+        await shown(pilot, TrainScreen)
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
 
@@ -180,7 +185,7 @@ def test_decommission_screen(snap_compare: Any) -> None:
                                     lambda: None)
         await app.push_screen(screen)
         await until(pilot, lambda: "not connected" in str(
-            screen.query_one("#items", Static).render()), 10, "the first check")
+            screen.query_one("#items", Static).render()), 60, "the first check")
         screen.show_checklist(CHECKLIST)
         screen.show_progress(PullProgress(files_total=11, files_done=4, bytes_total=96_000_000,
                                           bytes_done=41_500_000))
@@ -193,6 +198,7 @@ def test_read_only_footer(snap_compare: Any) -> None:
     app = FleetdeckApp(d.fleet(bell=False), read_only=True, connect=False,
                        clock=lambda: d.NOW)
     app.animation_level = "none"
+    lasting(app)
     assert snap_compare(app, terminal_size=SIZE, run_before=quiet_gen)
 
 
@@ -200,12 +206,24 @@ def test_command_palette(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await quiet_gen(pilot)
         await pilot.press("ctrl+p")
-        palette = await until(pilot, lambda: pilot.app.screen if isinstance(
-            pilot.app.screen, CommandPalette) else None, 10, "the palette")
+        palette = await until(pilot, lambda: on_screen(pilot.app, CommandPalette),
+                              60, "the palette")
         palette.query_one(Input).cursor_blink = False
+        # Each key starts a search that streams its hits; the image is of the last one's,
+        # once it has ended (not of 'paus', whose hits are the same but marked otherwise).
+        searches: list[tuple[str, Any]] = []
+        gather = palette._gather_commands
+
+        def gather_seen(value: str) -> Any:
+            searches.append((value, gather(value)))
+            return searches[-1][1]
+
+        palette._gather_commands = gather_seen
         await pilot.press(*"pause")
         results = palette.query_one(CommandList)
-        await until(pilot, lambda: results.option_count >= 2, 10, "the palette's hits")
-        await pilot.pause(0.3)  # let the last hits land (the search streams them)
+        await until(pilot, lambda: searches and searches[-1][0] == "pause"
+                    and searches[-1][1].is_finished and results.option_count >= 2, 60,
+                    "the search for 'pause' ended")
+        await pilot.pause()
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)

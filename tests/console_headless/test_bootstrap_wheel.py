@@ -44,7 +44,7 @@ def fleet_for(sshd: SshServer, tmp_path: Path, venv: Path) -> Path:
         "[[nodes]]", 'name = "gen-1"', 'host = "127.0.0.1"', f"port = {sshd.port}",
         f'user = "{sshd.user}"', f'identity_file = "{sshd.client_key}"',
         f'known_hosts = "{sshd.known_hosts}"', f'run_dir = "{tmp_path}"',
-        f'agent = "{venv}/bin/fleetdeck-agent"', "connect_timeout_s = 5", ""]))
+        f'agent = "{venv}/bin/fleetdeck-agent"', "connect_timeout_s = 30", ""]))
     return fleet
 
 
@@ -118,7 +118,7 @@ async def test_a_wheel_changed_on_the_way_is_not_installed(sshd: SshServer,
                                                            tmp_path: Path) -> None:
     node = Node(name="gen-1", host="127.0.0.1", port=sshd.port, user=sshd.user,
                 identity_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts),
-                run_dir=str(tmp_path), connect_timeout_s=5)
+                run_dir=str(tmp_path), connect_timeout_s=30)
     remote = tmp_path / "stage" / "fleetdeck-0-py3-none-any.whl"
     remote.parent.mkdir()
     remote.write_bytes(b"what arrived\n")

@@ -365,7 +365,7 @@ def test_a_two_node_campaign_launches_and_rolls_up(tmp_path: Path, sshd: SshServ
         assert "check passed on 2 nodes" in r.stderr
         assert [line.split(":")[0] for line in r.stdout.splitlines()] == ["gen-1", "gen-2"]
         for rd in nodes.run_dirs.values():
-            wait_status(rd, lambda s: s["status"] == "done", 90, f"{rd} done")
+            wait_status(rd, lambda s: s["status"] == "done", 120, f"{rd} done")
 
         r = fleetdeck(nodes.fleet, "status", "traces", "--json")
         assert r.returncode == 0, r.stderr

@@ -210,7 +210,7 @@ class Nodes:
                  f'rebalance = "{rebalance}"\n')
         self.fleet.write_text(text)
 
-    def deck(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    def deck(self, *args: str, timeout: float = 180, env: dict[str, str] | None = None
              ) -> subprocess.CompletedProcess[str]:
         """`fleetdeck --fleet FLEET ARGS`, with `env` over this environment (the console's)."""
         if env is None:
@@ -237,7 +237,7 @@ class Nodes:
         path = self.run_dirs[name] / "ownership.jsonl"
         return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
-    def wait(self, name: str, cond: Any, what: str, timeout: float = 90) -> dict[str, Any]:
+    def wait(self, name: str, cond: Any, what: str, timeout: float = 120) -> dict[str, Any]:
         return wait_status(self.run_dirs[name], cond, timeout, f"{name}: {what}")
 
 
@@ -278,7 +278,7 @@ def console_sees_idle(nodes: Nodes, name: str) -> None:
                 return True
         return False
 
-    wait_until(check, 30, f"the console to see {name} done", interval=0.5)
+    wait_until(check, 120, f"the console to see {name} done", interval=0.5)
 
 
 def moved_lines(stdout: str) -> list[tuple[int, str, str, str]]:
@@ -393,9 +393,9 @@ async def tui_until_adopted(nodes: Nodes, cede_id: str) -> list[str]:
     app = FleetdeckApp(load_fleet(nodes.fleet))
     async with app.run_test(size=(160, 48), message_hook=rec) as pilot:
         await until(pilot, lambda: any(e["op"] == "adopt" and e["id"] == cede_id
-                                       for e in nodes.journal("gen-1")), 90,
+                                       for e in nodes.journal("gen-1")), 120,
                     f"the TUI's adopt of {cede_id}")
-        await until(pilot, lambda: rec.has("adopted cede"), 30, "its report")
+        await until(pilot, lambda: rec.has("adopted cede"), 120, "its report")
     return rec.notes
 
 
@@ -449,7 +449,7 @@ def test_a_kill_at_either_step_loses_nothing_and_sends_nothing_twice(
             in r.stdout
         # verify judges the union from S3: once gen-2's journal is there, it names the cede.
         key = "runs/test/journals/s01of02/ownership.jsonl"
-        wait_until(lambda: cede["id"] in s3_text(s3, key), 30, f"cede {cede['id']} in {key}")
+        wait_until(lambda: cede["id"] in s3_text(s3, key), 120, f"cede {cede['id']} in {key}")
         r = nodes.deck("verify", "traces")
         assert r.returncode != 0 and f"UNADOPTED {cede['id']} from shard 1/2 (gen-2): 30 " \
             "indices" in r.stdout, r.stdout + r.stderr

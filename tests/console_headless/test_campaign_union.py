@@ -35,7 +35,7 @@ class Nodes:
     run_dirs: dict[str, Path]
     s3: S3Server
 
-    def fd(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def fd(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "console.cli", "--fleet", str(self.fleet),
                                *args], capture_output=True, text=True, timeout=timeout)
 
@@ -101,7 +101,7 @@ def launch_until_gen1_done(nodes: Nodes) -> None:
     """`launch traces --yes`, then back once gen-1 (the fast node) is done."""
     r = nodes.fd("launch", "traces", "--yes")
     assert r.returncode == 0, r.stdout + r.stderr
-    progress(nodes.run_dirs["gen-1"], done, 90, "gen-1 done")
+    progress(nodes.run_dirs["gen-1"], done, 120, "gen-1 done")
 
 
 def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with(
@@ -113,9 +113,9 @@ def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with
     one, two = nodes.run_dirs["gen-1"], nodes.run_dirs["gen-2"]
     try:
         launch_until_gen1_done(nodes)
-        progress(two, lambda p: p["s3_uploaded"] >= 1, 60, "a batch of gen-2's in S3")
+        progress(two, lambda p: p["s3_uploaded"] >= 1, 120, "a batch of gen-2's in S3")
         assert nodes.fd("pause", "gen-2").returncode == 0
-        progress(two, lambda p: p["status"] == "paused" and p["in_flight"] == 0, 60,
+        progress(two, lambda p: p["status"] == "paused" and p["in_flight"] == 0, 120,
                  "gen-2 paused")
 
         # gen-1 finished: it may go back while gen-2 still runs.
@@ -130,7 +130,7 @@ def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with
         cede = ceded.by_id(1)["result"]
         assert cede["count"] == 6, ceded
         progress(two, lambda p: p["ownership"]["cedes"] and not p["ownership"]["s3_behind"],
-                 30, "gen-2's cede in S3")
+                 120, "gen-2's cede in S3")
         r = nodes.fd("decommission-check", "gen-2", "--json")
         assert r.returncode == 1
         items = {i["name"]: i for i in json.loads(r.stdout)["items"]}
@@ -164,7 +164,7 @@ def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with
         assert rec["count"] == len(expected) and not moved["existed"]
         assert moved["key"] == f"s3://{s3.bucket}/{PREFIX}journals/reassign/reassign-s01of02.json"
         progress(one, lambda p: done(p, 100 + len(expected)) and p["total"] == p["completed"],
-                 90, "gen-1 done with gen-2's indices")
+                 120, "gen-1 done with gen-2's indices")
 
         # The cede nobody adopted still shows; gen-2's own verify does not count any more.
         r = nodes.fd("verify", "traces", "--json")
@@ -177,7 +177,7 @@ def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with
         adopted = serve(one, request(1, "adopt", id="rb-test", ranges=cede["ranges"],
                                      node="gen-2", shard="1/2"), env=s3.env())
         assert adopted.by_id(1)["result"]["count"] == 6, adopted
-        progress(one, lambda p: done(p, 106 + len(expected)), 90, "gen-1 done with the six")
+        progress(one, lambda p: done(p, 106 + len(expected)), 120, "gen-1 done with the six")
 
         r = nodes.fd("verify", "traces", "--json")
         assert r.returncode == 0, r.stdout + r.stderr
@@ -201,7 +201,7 @@ def test_a_dead_node_is_reassigned_and_the_union_holds_until_s3_is_tampered_with
         # gen-2 comes back: it refuses to start, naming the record, and uploads nothing.
         before = nodes.keys("_s01of02_")
         assert nodes.fd("resume", "gen-2").returncode == 0
-        snap = wait_status(two, lambda s: "reassigned" in (s.get("message") or ""), 60,
+        snap = wait_status(two, lambda s: "reassigned" in (s.get("message") or ""), 120,
                            "gen-2 refused")
         assert "journals/reassign/reassign-s01of02.json" in snap["message"]
         r = nodes.fd("resume", "gen-2")

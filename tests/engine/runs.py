@@ -85,7 +85,7 @@ class EngineProc:
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=60)
 
     def stderr(self) -> str:
         return self.log.read_text(errors="replace")

@@ -47,8 +47,8 @@ def test_three_servers_one_flaky_one_crashing(tmp_path: Path, sims, s3: S3Server
     spec = write_spec(tmp_path / "run.toml", prompts, [steady.url, flaky.url, crashing.url],
                       s3=s3, batch_size=100, retries=4)
     engine = start_engine(spec, env=s3.env())
-    assert engine.wait(240) == 0, engine.stderr()
-    assert crashing.proc.wait(timeout=5) is not None  # it really died mid-run
+    assert engine.wait(300) == 0, engine.stderr()
+    assert crashing.proc.wait(timeout=60) is not None  # it really died mid-run
     st = read_run(engine.run_dir)
     progress = json.loads((engine.run_dir / "progress.json").read_text())
     assert progress["status"] == "done"
@@ -89,16 +89,16 @@ def test_bad_spec_fails_before_any_request(tmp_path: Path, sims) -> None:
     write_prompts(prompts, 10)
     spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], batch_szie=3)
     engine = start_engine(spec)
-    assert engine.wait(30) == 2
+    assert engine.wait(300) == 2
     assert "unknown field `batch_szie`" in engine.stderr() and str(spec) in engine.stderr()
     # Unreachable S3: refused at start, naming the bucket, with nothing sent.
     spec = write_spec(tmp_path / "run.toml", prompts, [sim.url])
     spec.write_text(spec.read_text() + '\n[s3]\nbucket = "nowhere"\n'
                     'endpoint_url = "http://127.0.0.1:9"\nregion = "us-east-1"\n')
     engine = start_engine(spec, env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"})
-    assert engine.wait(60) == 2
+    assert engine.wait(300) == 2
     assert "[s3] bucket 'nowhere'" in engine.stderr()
-    state = httpx.get(f"{sim.url}/sim/state").json()
+    state = httpx.get(f"{sim.url}/sim/state", timeout=60).json()
     assert state["requests_total"] == 0
 
 
@@ -107,10 +107,10 @@ def test_changed_prompts_file_is_refused_on_resume(tmp_path: Path, sims) -> None
     prompts = tmp_path / "prompts.jsonl"
     write_prompts(prompts, 30)
     spec = write_spec(tmp_path / "run.toml", prompts, [sim.url])
-    assert start_engine(spec).wait(60) == 0
+    assert start_engine(spec).wait(300) == 0
     write_prompts(prompts, 31)
     engine = start_engine(spec)
-    assert engine.wait(30) == 2
+    assert engine.wait(300) == 2
     assert "prompts file changed" in engine.stderr()
     assert str(prompts) in engine.stderr()
 
@@ -121,9 +121,9 @@ def test_sigterm_drains_and_a_second_run_resumes(tmp_path: Path, sims) -> None:
     write_prompts(prompts, 400)
     spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], batch_size=40)
     engine = start_engine(spec)
-    wait_progress(engine, lambda p: p["completed"] >= 30, 60, "first completions")
+    wait_progress(engine, lambda p: p["completed"] >= 30, 120, "first completions")
     engine.proc.terminate()
-    assert engine.wait(60) == 0, engine.stderr()
+    assert engine.wait(300) == 0, engine.stderr()
     first = json.loads((engine.run_dir / "progress.json").read_text())
     assert first["status"] == "stopped" and first["in_flight"] == 0
     st = read_run(engine.run_dir)
@@ -132,7 +132,7 @@ def test_sigterm_drains_and_a_second_run_resumes(tmp_path: Path, sims) -> None:
     sim2 = sims()
     spec = write_spec(tmp_path / "run.toml", prompts, [sim2.url], batch_size=40)
     again = start_engine(spec)
-    assert again.wait(120) == 0, again.stderr()
+    assert again.wait(300) == 0, again.stderr()
     st = read_run(again.run_dir)
     assert st.todo == set() and len(st.current) == 400
     # Batch numbering continued after the short batch closed at stop.

@@ -125,7 +125,7 @@ def test_engine_stops_on_a_torn_group_write_and_resume_verifies_green(
     full = start_engine(spec, env={"FLEETDECK_FAIL_AT": "write_group:4",
                                    "FLEETDECK_FAIL_BYTES": str(after),
                                    "FLEETDECK_FAIL_ERRNO": err})
-    assert full.wait(120) == 1, full.stderr()
+    assert full.wait(300) == 1, full.stderr()
     run_dir = tmp_path / "run"
     progress = json.loads((run_dir / "progress.json").read_text())
     assert progress["status"] == "failed" and "resume" in progress["message"]
@@ -133,7 +133,7 @@ def test_engine_stops_on_a_torn_group_write_and_resume_verifies_green(
     assert 0 < len(before.current) < 300
     assert "Traceback" not in full.stderr()
     resumed = start_engine(spec)
-    assert resumed.wait(120) == 0, resumed.stderr()
+    assert resumed.wait(300) == 0, resumed.stderr()
     st = read_run(run_dir)
     assert st.todo == set() and len(st.current) + len(st.failed) == 300
     report = verify_run(run_dir)
@@ -149,7 +149,7 @@ def test_a_real_full_tmpfs_then_space_freed_ends_with_verify_green(tmp_path: Pat
     with small_tmpfs(run_dir, "96k"):
         spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], batch_size=40)
         full = start_engine(spec)
-        assert full.wait(120) == 1, full.stderr()
+        assert full.wait(300) == 1, full.stderr()
         st = read_run(run_dir)  # strict: the full disk tore nothing
         assert len(st.current) < 400
         log = full.stderr()
@@ -159,7 +159,7 @@ def test_a_real_full_tmpfs_then_space_freed_ends_with_verify_green(tmp_path: Pat
 
         grow(run_dir, "16m")
         resumed = start_engine(spec)
-        assert resumed.wait(120) == 0, resumed.stderr()
+        assert resumed.wait(300) == 0, resumed.stderr()
         st = read_run(run_dir)
         assert st.todo == set() and len(st.current) == 400 and st.lines == 400
         report = verify_run(run_dir)

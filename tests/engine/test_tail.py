@@ -50,7 +50,7 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _state(url: str) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/sim/state", timeout=10).json())
+    return dict(httpx.get(f"{url}/sim/state", timeout=60).json())
 
 
 # -- the pace and its deadline ---------------------------------------------------------------
@@ -105,7 +105,7 @@ async def test_abort_request_by_rid_with_the_admin_key(sims) -> None:
     client = make_client(sim.url, 4, 2.0, 30.0, "sk-1")
     try:
         held = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
-        await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 1, 30,
+        await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 1, 120,
                                 "the request held by the simulator")
         dup = await client.post("/v1/chat/completions", json=body)
         with pytest.raises(RequestFailed) as err:
@@ -114,7 +114,7 @@ async def test_abort_request_by_rid_with_the_admin_key(sims) -> None:
         assert await abort(client, rid, None) == 401  # the API key is not the admin key
         assert _state(sim.url)["hung"] == 1
         assert await abort(client, rid, "adm") == 200
-        resp = await asyncio.wait_for(held, 30)
+        resp = await asyncio.wait_for(held, 120)
         with pytest.raises(Aborted):
             parse_response(resp.status_code, resp.content, 0.0)
         state = _state(sim.url)
@@ -180,10 +180,11 @@ async def test_a_copys_deadline_only_grows_and_the_server_confirms_its_abort(sim
         with pytest.raises(DeadlineMiss) as miss:
             await send_within(client, {**body, "rid": rid2}, lambda: Deadline(0.3, 640.0, 64),
                               3.0, refused)
-        assert not miss.value.confirmed and time.monotonic() - start < 5.0
+        # Not waited for: a wait would have taken the deadline and ABORT_CONFIRM_S more.
+        assert not miss.value.confirmed and time.monotonic() - start < 0.3 + ABORT_CONFIRM_S
         assert "did not confirm the abort" in miss.value.message
         # The HTTP request was closed on the way out: the server lets it go by itself.
-        await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 0, 30,
+        await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 0, 120,
                                 "the unconfirmed copy released on its closed connection")
     finally:
         await client.aclose()
@@ -202,10 +203,10 @@ def test_a_server_that_hangs_misses_deadlines_is_set_aside_and_its_work_goes_on(
                       request_timeout_s=TODAY_TIMEOUT_S, min_deadline_s=0.2, hedge=False)
     engine = start_engine(spec)
     try:
-        seen = wait_progress(engine, lambda p: p["servers"]["1"]["state"] == "down", 90,
+        seen = wait_progress(engine, lambda p: p["servers"]["1"]["state"] == "down", 120,
                              "the hanging server set aside")
         assert "deadline" in (seen["servers"]["1"]["last_error"] or "")
-        assert engine.wait(120) == 0, engine.stderr()
+        assert engine.wait(300) == 0, engine.stderr()
     finally:
         engine.kill()
     st = read_run(engine.run_dir)
@@ -227,7 +228,7 @@ def test_a_server_that_hangs_misses_deadlines_is_set_aside_and_its_work_goes_on(
     # each miss was aborted on the server through /abort_request, nothing is left held
     state = _state(hung.url)
     assert state["abort_requests"] >= progress["deadline_misses"]
-    wait_until(lambda: _state(hung.url)["hung"] == 0, 30, "held requests released")
+    wait_until(lambda: _state(hung.url)["hung"] == 0, 120, "held requests released")
 
 
 # -- the tail: hangs and a slow server -------------------------------------------------------
@@ -252,7 +253,7 @@ def _watch_tail(engine: EngineProc, n: int) -> dict[str, Any]:
             return True
         return False
 
-    wait_until(check, 150, "every index settled", interval=0.01)
+    wait_until(check, 300, "every index settled", interval=0.01)
     return seen
 
 
@@ -272,7 +273,7 @@ def test_hangs_and_a_slow_server_end_within_three_median_latencies(tmp_path: Pat
     engine = start_engine(spec, env={"FLEETDECK_PROGRESS_INTERVAL_S": "0.02"})
     try:
         seen = _watch_tail(engine, n)
-        assert engine.wait(60) == 0, engine.stderr()
+        assert engine.wait(300) == 0, engine.stderr()
     finally:
         engine.kill()
     st = read_run(engine.run_dir)  # one line per (index, attempt), done-set agrees
@@ -307,11 +308,11 @@ def test_kill_9_in_the_middle_of_a_hedge_then_resume_keeps_one_line_per_attempt(
                       max_tokens=512, concurrency_per_server=4, batch_size=40,
                       request_timeout_s=TODAY_TIMEOUT_S, deadline_factor=0)
     crashed = start_engine(spec, env={"FLEETDECK_CRASH_AT": point})
-    assert crashed.wait(150) == -signal.SIGKILL, crashed.stderr()
+    assert crashed.wait(300) == -signal.SIGKILL, crashed.stderr()
     before = read_run(crashed.run_dir, after_kill=True)
     assert "hedged on server" in (crashed.run_dir / "logs" / "generate.log").read_text()
     resumed = start_engine(spec)
-    assert resumed.wait(150) == 0, resumed.stderr()
+    assert resumed.wait(300) == 0, resumed.stderr()
     st = read_run(resumed.run_dir)  # asserts no (index, attempt) written twice
     assert st.todo == set() and len(st.current) + len(st.failed) == n
     assert set(before.current) <= set(st.current)

@@ -34,7 +34,7 @@ class Outcome:
 
 
 def run_cli(program: str, *args: str | os.PathLike[str], cwd: Path | None = None,
-            env: dict[str, str] | None = None, timeout: float = 120,
+            env: dict[str, str] | None = None, timeout: float = 300,
             stdin: bytes | None = None) -> Outcome:
     """Run `fleetdeck`, `fleetdeck-agent` or `fleetdeck-train` as a user would (a fresh
     process, this checkout's code)."""

@@ -34,7 +34,7 @@ class HostileNode(FakeNode):
 
     def fleetdeck(self, *args: str) -> Outcome:
         return run_cli("fleetdeck", "--fleet", self.fleet, *args,
-                       env={"HOME": str(self.home)}, timeout=120)
+                       env={"HOME": str(self.home)}, timeout=180)
 
 
 @pytest.fixture
@@ -260,10 +260,10 @@ async def test_the_tui_shows_hostile_names_escaped_and_keeps_running(sshd: SshSe
     rec = Recorder()
     app = FleetdeckApp(load_fleet(node.fleet))
     async with app.run_test(size=(180, 50), message_hook=rec) as pilot:
-        await until(pilot, lambda: app.state.nodes["gen-1"].snapshot is not None, 60,
+        await until(pilot, lambda: app.state.nodes["gen-1"].snapshot is not None, 120,
                     "the hostile snapshot")
-        await until(pilot, lambda: rec.has("m\\[/]\\x1b]0;pwned"), 20, "the alert, escaped")
-        await until(pilot, lambda: "r[/]\\x1b]0;pwned\\x07" in screen_text(app), 20,
+        await until(pilot, lambda: rec.has("m\\[/]\\x1b]0;pwned"), 120, "the alert, escaped")
+        await until(pilot, lambda: "r[/]\\x1b]0;pwned\\x07" in screen_text(app), 120,
                     "the run name, escaped, on the fleet screen")
         shown = screen_text(app)
         assert not any(ch in shown for ch in ("\x1b", "\x07", "\x9b", "\r")), repr(shown)

@@ -154,7 +154,7 @@ def test_hostile_run_dir_contents(made: Path, tmp_path: Path, home: Path,
     work = finished_work(place.run) if (place.run / "completions").is_dir() else None
     before = tree(tmp_path)
     out = run_cli("fleetdeck-agent", *[a.format(run=place.run) for a in argv], stdin=stdin,
-                  env={"HOME": str(home)}, timeout=60)  # a freeze fails the row here
+                  env={"HOME": str(home)}, timeout=180)  # a freeze fails the row here
     assert_refused(out, code, names)
     assert SECRET not in out.text, "something from outside the run dir was served"
     assert len(out.stdout) < 6 * 1024 * 1024
@@ -179,7 +179,7 @@ def test_agent_sock_path_pointing_at_someone_elses_socket(made: Path, tmp_path: 
         before = tree(tmp_path)
         try:
             out = run_cli("fleetdeck-agent", "status", run, "--json", env={"HOME": str(home)},
-                          timeout=60)
+                          timeout=180)
             assert_refused(out, 0, ['"source":"disk"'])
             with pytest.raises(BlockingIOError):
                 listener.accept()  # nobody knocked

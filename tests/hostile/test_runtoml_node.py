@@ -182,7 +182,7 @@ def test_resume_refuses_a_spoiled_run_dir(made: Path, tmp_path: Path, home: Path
     work = finished_work(run_dir)
     spoil(run_dir)
     before = tree(tmp_path)
-    out = run_cli("fleetdeck-agent", "resume", run_dir, env={"HOME": str(home)}, timeout=60)
+    out = run_cli("fleetdeck-agent", "resume", run_dir, env={"HOME": str(home)}, timeout=180)
     assert_refused(out, 2, names)
     assert "sk-KEPT-APART" not in out.text and "hf_APART" not in out.text
     assert_only_changed(before, tree(tmp_path))

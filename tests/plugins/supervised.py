@@ -42,7 +42,7 @@ def port_block(n: int) -> int:
     raise RuntimeError("no block of free ports")
 
 
-def agent(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def agent(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True,
                           text=True, timeout=timeout)
 

@@ -84,7 +84,7 @@ class FakeNode:
             f'identity_file = "{sshd.client_key}"', f'known_hosts = "{sshd.known_hosts}"',
             f'run_dir = "{self.run_dir}"',
             f'agent = "{sys.executable} {script} {self.scenario}"',
-            "connect_timeout_s = 5", ""]))
+            "connect_timeout_s = 30", ""]))
         self.answer()
 
     def answer(self, answers: dict[str, Any] | None = None, **extra: Any) -> None:

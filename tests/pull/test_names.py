@@ -37,7 +37,7 @@ def odd_run(tmp_path: Path, sims, s3: S3Server) -> Path:
     write_prompts(prompts, 60)
     spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], s3=s3, batch_size=25)
     engine = start_engine(spec, env=s3.env())
-    assert engine.wait(120) == 0, engine.stderr()
+    assert engine.wait(300) == 0, engine.stderr()
     run_dir = engine.run_dir
     for name in (NOT_UTF8, ESCAPES, BOTH):
         with open(os.fsencode(run_dir) + b"/" + name, "wb") as f:

@@ -34,7 +34,7 @@ def agent_with_keys(s3: S3Server) -> str:
 def make_node(sshd: SshServer, run_dir: Path, s3: S3Server) -> Node:
     return Node(name="gen-1", host="127.0.0.1", port=sshd.port, user=sshd.user,
                 identity_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts),
-                run_dir=str(run_dir), agent=agent_with_keys(s3), connect_timeout_s=5)
+                run_dir=str(run_dir), agent=agent_with_keys(s3), connect_timeout_s=30)
 
 
 async def _link(node: Node) -> AgentLink:
@@ -287,7 +287,7 @@ async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServ
                entry("gone", b"was here"), entry("big.bin", files["big.bin"])]
     node = Node(name="gen-1", host="127.0.0.1", port=sshd.port, user=sshd.user,
                 identity_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts),
-                run_dir=str(run_dir), connect_timeout_s=5)
+                run_dir=str(run_dir), connect_timeout_s=30)
     dest = tmp_path / "pulls"
     conn = await ssh_connect(node, PULL_CIPHERS)
     try:

@@ -68,7 +68,7 @@ def pull(node: FakeNode) -> subprocess.Popen[str]:
 
 def pull_to_end(node: FakeNode) -> subprocess.CompletedProcess[str]:
     return subprocess.run(pull_args(node), cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=PULL_ENV)
+                          timeout=180, env=PULL_ENV)
 
 
 def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshServer,
@@ -86,8 +86,8 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
     first = pull(node)
     try:
         sftp = wait_for(lambda: [pid for pid, (comm, ppid, _) in processes().items()
-                                 if ppid == first.pid and comm == "sftp"], 60, "sftp")[0]
-        wait_for(lambda: part.exists() and part.stat().st_size > 0, 60, "bytes in the part")
+                                 if ppid == first.pid and comm == "sftp"], 120, "sftp")[0]
+        wait_for(lambda: part.exists() and part.stat().st_size > 0, 120, "bytes in the part")
         # The copier paused: the part stays half-copied while we look (no race with the end).
         os.kill(sftp, signal.SIGSTOP)
         group = processes()[sftp][2]  # sftp's own process group, its ssh in it too
@@ -103,7 +103,7 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
         assert part.stat().st_size == held
 
         first.kill()  # kill -9 of the pull
-        first.wait(timeout=30)
+        first.wait(timeout=60)
     finally:
         if first.poll() is None:
             first.kill()
@@ -112,7 +112,7 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
         os.kill(sftp, signal.SIGCONT)  # an orphan would now write on
     except ProcessLookupError:
         pass
-    wait_for(lambda: not any(pgrp == group for _, _, pgrp in processes().values()), 20,
+    wait_for(lambda: not any(pgrp == group for _, _, pgrp in processes().values()), 120,
              "the killed pull's sftp and ssh to be gone")
     assert part.stat().st_size == held, "something wrote the part after the pull died"
 
@@ -130,7 +130,7 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
         finally:
             os.close(fd)
 
-    wait_for(lock_free, 30, "the killed pull's lock to be released")
+    wait_for(lock_free, 120, "the killed pull's lock to be released")
     # The next pull resumes from the part and finishes. (It was once seen refused by the
     # lock: `pull(node).args` had started a hidden pull of its own, which won the race.)
     third = pull_to_end(node)

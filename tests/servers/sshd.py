@@ -25,7 +25,9 @@ def _keygen(path: Path, comment: str) -> None:
 
 def _banner(port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        # Seconds, not half of one: sshd forks and re-executes itself for each connection
+        # before its banner, which a loaded machine can take longer than that over, each time.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             return s.recv(64).startswith(b"SSH-2.0-")
     except OSError:
         return False
@@ -119,7 +121,7 @@ def start_sshd(folder: Path) -> SshServer:
     )
     log.close()
     try:
-        wait_until(lambda: _banner(port), 20, f"sshd on 127.0.0.1:{port}", proc)
+        wait_until(lambda: _banner(port), 120, f"sshd on 127.0.0.1:{port}", proc)
     except Exception:
         kill_pid(proc)
         raise

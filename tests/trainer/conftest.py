@@ -56,7 +56,7 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> CliResult:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None,
-            timeout: float = 240) -> subprocess.CompletedProcess[str]:
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                 **(env or {})}
     return subprocess.run([str(BIN / "fleetdeck-train"), *args], capture_output=True,
