@@ -197,7 +197,7 @@ class Engine:
             self._sync_totals(self._totals_record())  # the next start need not count again
         bad: str | None
         try:
-            self.control = ensure_control(self.run_dir, self.gen.concurrency_per_server,
+            self.control = ensure_control(self.run_dir, self.gen.concurrency,
                                           self.gen.max_tokens)
             bad = control_problem(self.control)
         except (ControlError, OSError) as exc:
@@ -225,7 +225,7 @@ class Engine:
         ]
         self.dispatcher = Dispatcher(self.servers, self.gen.server_failures_to_down,
                                      probe_interval_s=1.0, probe_timeout_s=30.0)
-        self.pace = Pace(self.gen.deadline_factor, self.gen.min_deadline_s,
+        self.pace = Pace(self.gen.deadline_factor, self.gen.deadline_floor_s,
                          self.gen.request_timeout_s)
         self.hedger = Hedger(self.dispatcher, self.pace, self._send_copy)
         # `resize auto` / concurrency_per_server = "auto": the tuner writes control.json.

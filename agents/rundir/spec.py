@@ -17,6 +17,10 @@ from agents.rundir.shard import Shard, parse_shard
 # Where `concurrency_per_server = "auto"` starts: low, so that a server whose knee is low is
 # never flooded while the tuner climbs.
 AUTO_START = 4
+# Defaults that follow another key when unset: a spec that sets only the other key means
+# what it says (a request_timeout_s of 20 s is a 20 s floor, not a refusal over 30).
+DEFAULT_CONCURRENCY = 40  # capped by max_concurrency
+DEFAULT_MIN_DEADLINE_S = 30.0  # capped by request_timeout_s
 
 
 class SpecError(ValueError):
@@ -82,7 +86,8 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     max_tokens: int = 4096
     # Requests in flight per server, or "auto": each server's level is tuned from measured
     # throughput and latency (agents/engine/autotune.py).
-    concurrency_per_server: int | Literal["auto"] = 40
+    # Unset: DEFAULT_CONCURRENCY, or max_concurrency when that is lower.
+    concurrency_per_server: int | Literal["auto"] | None = None
     batch_size: int = 500
     retries: int = 3
     request_timeout_s: float = 3600.0
@@ -100,7 +105,8 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     # pace gives its max_tokens (never under min_deadline_s, never over request_timeout_s) is
     # aborted and sent again elsewhere, against `retries`. 0 turns deadlines off.
     deadline_factor: float = 3.0
-    min_deadline_s: float = 30.0
+    # Unset: DEFAULT_MIN_DEADLINE_S, or request_timeout_s when that is lower (deadline_floor_s).
+    min_deadline_s: float | None = None
     # At the tail (work left under the capacity in flight) the oldest requests go a second
     # time to idle servers; the first answer wins, the other is aborted.
     hedge: bool = True
@@ -109,15 +115,30 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     shard: str | None = None
 
     @property
+    def concurrency(self) -> int | Literal["auto"]:
+        """concurrency_per_server as meant: the one written, else the default under the cap."""
+        if self.concurrency_per_server is None:
+            return min(DEFAULT_CONCURRENCY, self.max_concurrency)
+        return self.concurrency_per_server
+
+    @property
     def auto_concurrency(self) -> bool:
-        return self.concurrency_per_server == "auto"
+        return self.concurrency == "auto"
 
     @property
     def initial_concurrency(self) -> int:
         """The level a run starts at: the number given, or the auto-tuner's first probe."""
-        if isinstance(self.concurrency_per_server, int):
-            return self.concurrency_per_server
+        level = self.concurrency
+        if isinstance(level, int):
+            return level
         return min(AUTO_START, self.max_concurrency)
+
+    @property
+    def deadline_floor_s(self) -> float:
+        """min_deadline_s as meant: the one written, else the default under request_timeout_s."""
+        if self.min_deadline_s is None:
+            return min(DEFAULT_MIN_DEADLINE_S, self.request_timeout_s)
+        return self.min_deadline_s
 
 
 class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
@@ -340,7 +361,7 @@ def _check(spec: RunSpec, path: Path) -> None:
         for key, value in positive.items():
             if value < 1:
                 fail(f"[generate] {key}", f"must be at least 1, got {value}")
-        if gen.initial_concurrency > gen.max_concurrency:
+        if gen.initial_concurrency > gen.max_concurrency:  # only a level the user wrote
             fail("[generate] concurrency_per_server",
                  f"above max_concurrency {gen.max_concurrency}")
         for key, t in (("request_timeout_s", gen.request_timeout_s),
@@ -350,9 +371,13 @@ def _check(spec: RunSpec, path: Path) -> None:
         if gen.deadline_factor != 0 and gen.deadline_factor < 1:
             fail("[generate] deadline_factor",
                  f"must be 0 (off) or at least 1, got {gen.deadline_factor}")
-        if not 0 < gen.min_deadline_s <= gen.request_timeout_s:
+        # Only a floor the user wrote, and only when deadlines are on: the default follows
+        # request_timeout_s, and deadline_factor = 0 never reads it.
+        floor = gen.min_deadline_s
+        if floor is not None and gen.deadline_factor != 0 \
+                and not 0 < floor <= gen.request_timeout_s:
             fail("[generate] min_deadline_s", f"must be positive and at most request_timeout_s "
-                 f"({gen.request_timeout_s:g}), got {gen.min_deadline_s:g}")
+                 f"({gen.request_timeout_s:g}), got {floor:g}")
         bad_sampling = sampling_problem(gen.sampling)
         if bad_sampling is not None:
             fail(f"[generate.sampling] {bad_sampling[0]}", bad_sampling[1])

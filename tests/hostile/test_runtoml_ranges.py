@@ -67,6 +67,12 @@ BAD = [
                  "more than 0", id="alerts-window-0"),
     pytest.param(spec_text(extra="[alerts]\nfailure_rate = 1.5"), "[alerts] failure_rate",
                  "between 0 and 1", id="alerts-rate-over-1"),
+    pytest.param(spec_text(generate="request_timeout_s = 20\nmin_deadline_s = 50"),
+                 "[generate] min_deadline_s", "at most request_timeout_s (20), got 50",
+                 id="min-deadline-written-over-request-timeout"),
+    pytest.param(spec_text(generate="max_concurrency = 16\nconcurrency_per_server = 64"),
+                 "[generate] concurrency_per_server", "above max_concurrency 16",
+                 id="concurrency-written-over-max-concurrency"),
     pytest.param(spec_text(extra="[alerts]\nmin_samples = -1"), "[alerts] min_samples",
                  "negative", id="alerts-min-samples-negative"),
     pytest.param(spec_text(extra="[alerts]\ndisk_hours = nan"), "[alerts] disk_hours",
@@ -100,6 +106,11 @@ BOUNDARY = [
                  id="no-restarts-no-backoff"),
     pytest.param(spec_text(extra="[alerts]\nfailure_rate = 0\naccept_drop = 1"),
                  id="alert-shares-at-0-and-1"),
+    # Defaults that follow another key (issue 20 item 6): refused before, for keys never written.
+    pytest.param(spec_text(generate="request_timeout_s = 20"), id="request-timeout-20-alone"),
+    pytest.param(spec_text(generate="max_concurrency = 16"), id="max-concurrency-16-alone"),
+    pytest.param(spec_text(generate="request_timeout_s = 20\ndeadline_factor = 0\n"
+                           "min_deadline_s = 50"), id="min-deadline-unread-with-deadlines-off"),
 ]
 
 
@@ -156,3 +167,27 @@ def test_a_fleet_node_number_out_of_range_is_refused(tmp_path: Path, home: Path,
     assert_refused(out, 2, [str(fleet), "nodes[0]", key, why])
     assert_only_changed(before, tree(tmp_path))
     assert_only_changed({}, tree(home / ".ssh"))
+
+
+EFFECTIVE = [
+    pytest.param("request_timeout_s = 20", 40, 20.0, id="floor-follows-request-timeout"),
+    pytest.param("request_timeout_s = 600", 40, 30.0, id="floor-default-under-a-long-timeout"),
+    pytest.param("request_timeout_s = 20\nmin_deadline_s = 5", 40, 5.0, id="floor-written"),
+    pytest.param("max_concurrency = 16", 16, 30.0, id="concurrency-follows-max-concurrency"),
+    pytest.param("max_concurrency = 100", 40, 30.0, id="concurrency-default-under-a-high-cap"),
+    pytest.param('concurrency_per_server = "auto"\nmax_concurrency = 2', 2, 30.0,
+                 id="auto-starts-under-a-low-cap"),
+]
+
+
+@pytest.mark.parametrize(("generate", "level", "floor"), EFFECTIVE)
+def test_a_default_that_depends_on_another_key_follows_it(tmp_path: Path, generate: str,
+                                                          level: int, floor: float) -> None:
+    """What the engine is given (its first level, its deadline floor) for a spec that leaves
+    the dependent key unset: the default under the other key, never a refusal."""
+    from agents.rundir.spec import load_spec
+
+    spec = _setup(tmp_path, spec_text(generate=generate))
+    gen = load_spec(spec).generate
+    assert gen is not None
+    assert (gen.initial_concurrency, gen.deadline_floor_s) == (level, floor)
