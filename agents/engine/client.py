@@ -23,6 +23,9 @@ class RequestFailed(Exception):
         self.retryable = retryable
         # True when the failure says something about the server (counts towards setting it aside)
         self.server_fault = server_fault
+        # True when the server asked for later (busy: a full queue, 429, a rid it still
+        # holds): sent again after a pause without using up one of the request's tries.
+        self.busy = False
 
 
 class Aborted(RequestFailed):
@@ -36,6 +39,8 @@ class Aborted(RequestFailed):
 
 
 DUPLICATE_RID = b"Duplicate request ID"
+# SGLang's answer (503) to a request beyond --max-queued-requests: overload, not a fault.
+QUEUE_FULL = b"The request queue is full."
 
 
 @dataclass(slots=True)
@@ -100,11 +105,21 @@ def _int(v: Any) -> int:
     return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0
 
 
+def _busy(status: int, body: bytes) -> RequestFailed:
+    exc = RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), True, False)
+    exc.busy = True
+    return exc
+
+
 def parse_response(status: int, body: bytes, latency_s: float) -> Completion:
+    if status == 503 and QUEUE_FULL in body[:300]:
+        raise _busy(status, body)  # a healthy server at its queue limit: later, elsewhere
     if status >= 500:
         raise RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), True, True)
-    if status in (408, 429) or (status == 400 and DUPLICATE_RID in body[:300]):
+    if status == 429 or (status == 400 and DUPLICATE_RID in body[:300]):
         # SGLang refuses a rid it still holds (a copy not yet gone after its abort): later.
+        raise _busy(status, body)
+    if status == 408:
         raise RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), True, False)
     if status >= 400:
         raise RequestFailed(f"http_{status}", body[:300].decode(errors="replace"), False, False)

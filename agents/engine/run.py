@@ -62,6 +62,9 @@ log = logging.getLogger("fleetdeck.engine")
 
 PROGRESS_INTERVAL_S = float(os.environ.get("FLEETDECK_PROGRESS_INTERVAL_S", "1.0"))
 HISTORY_INTERVAL_S = 10.0
+# "Later" answers a request may get before they count as its tries: a server whose queue
+# stays full for minutes (pauses up to 10 s) is not one request's fault.
+BUSY_TRIES = 60
 CONTROL_POLL_S = 0.25
 REASSIGN_CHECK_S = float(os.environ.get("FLEETDECK_REASSIGN_CHECK_S", "60"))
 
@@ -109,6 +112,7 @@ class Engine:
         self.deadline_misses = 0
         self.aborts_confirmed = 0
         self.late_answers = 0
+        self.busy_answers = 0
         self._rid_tag = secrets.token_hex(4)
         self.hedges_won = 0
         self._abort_refused: set[int] = set()
@@ -389,6 +393,7 @@ class Engine:
         job = Job(prompt.index, attempt, self._rid_tag)
         self._jobs[prompt.index] = job
         tries = 0
+        busy = 0  # "later" answers (BUSY_TRIES at most before they count as tries)
         queued = False  # once queued for the writer, the writer clears _inflight
         try:
             while server is not None:
@@ -404,6 +409,14 @@ class Engine:
                 if result is None:
                     exc = outcome.error
                     assert exc is not None
+                    if exc.busy and busy < BUSY_TRIES:
+                        # The server said "later" (its queue is full): not a try used up.
+                        busy += 1
+                        tries -= 1
+                        self.busy_answers += 1
+                        await asyncio.sleep(min(0.25 * 2 ** min(busy - 1, 6), 10.0))
+                        server = await self.dispatcher.acquire(avoid=server.number, retry=True)
+                        continue
                     if not exc.retryable or tries >= self.gen.retries:
                         server.failed += 1
                         await self._journal([failed(prompt.index, exc.error, exc.message, tries,
@@ -923,6 +936,7 @@ class Engine:
             message=self.message or self._control_note, tail=self.tail, hedges=self.hedger.sent,
             hedges_won=self.hedges_won, deadline_misses=self.deadline_misses,
             aborts_confirmed=self.aborts_confirmed, late_answers=self.late_answers,
+            busy_answers=self.busy_answers,
             answers_by_limit=dict(t.answers_by_limit),
             truncated_by_limit=dict(t.truncated_by_limit),
             shard=self.shard.text if self.shard else None, campaign=self.spec.run.campaign,

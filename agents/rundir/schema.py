@@ -210,6 +210,9 @@ class Progress(msgspec.Struct):
     deadline_misses: int = 0
     aborts_confirmed: int = 0
     late_answers: int = 0
+    # "Later" answers (a full queue: SGLang's 503 past --max-queued-requests, a 429): sent
+    # again after a pause, not counted as a try.
+    busy_answers: int = 0
     # The ETA's p10-p90 band, from the spread of the recent rate (None until it is known).
     eta_p10_hours: float | None = None
     eta_p90_hours: float | None = None
