@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from agents.artifacts.verify import verify_run
-from agents.engine.uploader import sha256_b64
+from agents.engine.uploader import confirm, sha256_b64
 from agents.rundir.batchscan import ranges_text, spans
 from console.artifacts.decommission import checklist, pull_node
 from console.fleet import Node
@@ -187,3 +187,25 @@ def test_lines_from_before_checksums_are_verified_by_etag_and_say_so(
     assert f"s3://{s3_env.bucket}/{prefix}{name} has size 13 and ETag" in \
         failed["s3_objects_match"]
     assert "(verified by ETag: uploaded before checksums)" in failed["s3_objects_match"]
+
+
+def test_how_a_head_confirms_an_upload() -> None:
+    """The rule the upload thread applies to its HEAD: the SHA-256 when S3 keeps one (the
+    ETag then never matters), ETag = MD5 only where it keeps none."""
+    body = b'{"index": 1}\n'
+    sha, md5 = hashlib.sha256(body).hexdigest(), hashlib.md5(body).hexdigest()
+    url = "s3://b/runs/x/completions_000000.jsonl"
+
+    def head(checksum: str | None, etag: str, size: int = len(body)) -> dict[str, object]:
+        return {"ContentLength": size, "ETag": f'"{etag}"',
+                **({"ChecksumSHA256": checksum} if checksum else {})}
+
+    assert confirm(head(sha256_b64(sha), kms_etag(md5)), url, len(body), sha, md5) == "sha256"
+    assert confirm(head(None, md5), url, len(body), sha, md5) is None
+    other = hashlib.sha256(b"other").hexdigest()
+    for bad, said in ((head(sha256_b64(other), md5), f"SHA-256 {other}, expected {sha}"),
+                      (head(None, kms_etag(md5)), "no SHA-256 checksum and ETag"),
+                      (head(sha256_b64(sha), md5, 3), f"size 3, expected {len(body)}")):
+        with pytest.raises(RuntimeError, match=re.escape(said)) as exc:
+            confirm(bad, url, len(body), sha, md5)
+        assert str(exc.value).startswith(url)
