@@ -1,8 +1,10 @@
 """`verify`, run on the node (which holds the S3 credentials): is what the run made whole?
 
 S3 against uploads.jsonl (every closed batch recorded, its object present with the recorded
-size and ETag, the local bytes hashing to both; multipart ETags computed with the object's
-part size; nothing extra or missing under the prefix) and the counts against each other
+size and the SHA-256 checksum S3 keeps for it (HEAD), or, for a record made without one
+(before checksums), the recorded ETag; the local bytes hashing to them; multipart ETags
+computed with the object's part size; nothing extra or missing under the prefix) and the
+counts against each other
 (distinct indices in .done_indices = progress.json `completed` = current batch lines; closed
 batch files = objects under the prefix). Every discrepancy names its batch and index range.
 Blocking (it reads every batch once): the RPC method runs it in a thread.
@@ -24,6 +26,7 @@ import os
 import time
 import tomllib
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from typing import Any
 import msgspec
 
 from agents.engine.store import parse_done_line
-from agents.engine.uploader import make_s3_client
+from agents.engine.uploader import head_sha256, make_s3_client
 from agents.rundir.batchnames import PARTIAL, batch_files, in_shard
 from agents.rundir.batchscan import BatchScan, KeySet, ranges_text, scan_batch, spans
 from agents.rundir.schema import (
@@ -48,6 +51,7 @@ MiB = 1 << 20
 # When S3 will not tell an object's part size: the sizes common tools use.
 PART_SIZE_GUESSES = tuple(n * MiB for n in (8, 5, 16, 15, 32, 64, 100, 128, 256, 512, 1024))
 MAX_NAMED = 50  # problems named per check; the rest are counted
+HEADS_AT_ONCE = 8  # a checksum is only in a HEAD: one per object, these many in flight
 LIVE = ("starting", "running", "paused", "draining")
 
 
@@ -130,6 +134,7 @@ def multipart_count(etag: str) -> int | None:
 class S3Object:
     size: int
     etag: str
+    sha256: str | None = None  # hex, from a HEAD with ChecksumMode=ENABLED; None: none kept
 
 
 @dataclass
@@ -164,7 +169,7 @@ class Verifier:
         self.done = KeySet()
         self.lines = KeySet()
         self.records: dict[str, UploadRecord] = {}
-        self.objects: dict[str, S3Object] = {}  # under the prefix
+        self.objects: dict[str, S3Object] = {}  # under the prefix (checksums: HEADed)
         self.elsewhere: dict[tuple[str, str], S3Object | None] = {}  # records not under it
         self.part_sizes: dict[str, list[int]] = {}  # batch -> part sizes to compute
         self.s3_error: str | None = None
@@ -268,12 +273,23 @@ class Verifier:
                     if self.shard is not None and not in_shard(name, self.shard):
                         continue  # another shard's batch, or the campaign's journals
                     self.objects[obj["Key"]] = S3Object(obj["Size"], obj["ETag"].strip('"'))
+            headed: list[str] = []
             for rec in self.records.values():
                 if rec.bucket != spec.bucket or not rec.key.startswith(spec.prefix):
                     self.elsewhere[(rec.bucket, rec.key)] = _head(client, rec.bucket, rec.key)
+                elif rec.checksum is not None and rec.key in self.objects:
+                    headed.append(rec.key)
                 n = multipart_count(rec.etag)
-                if n is not None:
+                if rec.checksum is None and n is not None:
                     self.part_sizes[rec.batch] = _part_sizes(client, rec, n)
+            # A listing gives no checksum values: a HEAD of each object recorded with one.
+            with ThreadPoolExecutor(HEADS_AT_ONCE) as pool:
+                heads = list(pool.map(lambda key: _head(client, spec.bucket, key), headed))
+            for key, obj in zip(headed, heads, strict=True):
+                if obj is None:
+                    del self.objects[key]  # deleted since the listing: missing
+                else:
+                    self.objects[key] = obj
         except (BotoCoreError, ClientError) as exc:
             self.s3_error = f"s3://{spec.bucket}/{spec.prefix}: {exc}"
 
@@ -328,7 +344,7 @@ class Verifier:
                 local.fail(f"{self.where(name)}: the local file ({scan.size} bytes, sha256 "
                            f"{scan.sha256[:12]}) differs from uploads.jsonl ({rec.size} bytes, "
                            f"sha256 {rec.sha256[:12]})")
-            elif expected_etag(scan, rec.etag) != rec.etag:
+            elif rec.checksum is None and expected_etag(scan, rec.etag) != rec.etag:
                 local.fail(f"{self.where(name)}: the local bytes give ETag "
                            f"{expected_etag(scan, rec.etag)}, uploads.jsonl says {rec.etag}")
         for name in sorted(set(self.records) - set(self.scans)):
@@ -343,6 +359,7 @@ class Verifier:
     def compare_s3(self, objects: Check, listing: Check) -> None:
         assert self.spec is not None
         expected: set[str] = set()
+        by_etag = 0
         for name, rec in sorted(self.records.items()):
             url = f"s3://{rec.bucket}/{rec.key}"
             if (rec.bucket, rec.key) in self.elsewhere:
@@ -350,11 +367,24 @@ class Verifier:
             else:
                 expected.add(rec.key)
                 obj = self.objects.get(rec.key)
+            if rec.checksum is None:
+                by_etag += 1
             if obj is None:
                 objects.fail(f"{self.where(name)}: {url} is missing")
-            elif obj.size != rec.size or obj.etag != rec.etag:
-                objects.fail(f"{self.where(name)}: {url} has size {obj.size} and ETag "
-                             f"{obj.etag}; uploads.jsonl says size {rec.size}, ETag {rec.etag}")
+            elif rec.checksum is None:
+                # Recorded without a checksum: its ETag was the MD5 then, and must be still.
+                if obj.size != rec.size or obj.etag != rec.etag:
+                    objects.fail(f"{self.where(name)}: {url} has size {obj.size} and ETag "
+                                 f"{obj.etag}; uploads.jsonl says size {rec.size}, ETag "
+                                 f"{rec.etag} (verified by ETag: uploaded before checksums)")
+            elif obj.sha256 is None:
+                objects.fail(f"{self.where(name)}: {url} has no SHA-256 checksum, but "
+                             "uploads.jsonl says it was uploaded with one: the object was "
+                             "replaced since")
+            elif obj.size != rec.size or obj.sha256 != rec.sha256:
+                objects.fail(f"{self.where(name)}: {url} has size {obj.size} and SHA-256 "
+                             f"{obj.sha256}; uploads.jsonl says size {rec.size}, SHA-256 "
+                             f"{rec.sha256}")
         later = {rec.key for rec in self.records_after.values()}
         pending = {f"{self.spec.prefix}{name}" for name in self.uploads_pending}
         for key in sorted(set(self.objects) - expected):
@@ -368,7 +398,7 @@ class Verifier:
         elif len(self.scans) != len(self.objects):
             listing.fail(f"{len(self.scans)} closed batch files but {len(self.objects)} "
                          f"objects under s3://{self.spec.bucket}/{self.spec.prefix}")
-        objects.summary = f"{len(self.records)} objects with the recorded size and ETag"
+        objects.summary = objects_summary(len(self.records) - by_etag, by_etag)
         listing.summary = (f"{len(self.objects)} objects under s3://{self.spec.bucket}/"
                            f"{self.spec.prefix} = {len(self.scans)} closed batch files")
 
@@ -537,6 +567,16 @@ def verify_run(run_dir: Path) -> VerifyReport:
     return Verifier(run_dir).run()
 
 
+def objects_summary(by_checksum: int, by_etag: int) -> str:
+    parts = []
+    if by_checksum or not by_etag:
+        parts.append(f"{by_checksum} objects with the recorded size and SHA-256 checksum")
+    if by_etag:
+        parts.append(f"{by_etag} {'object' if by_etag == 1 else 'objects'} with the recorded "
+                     "size and ETag (verified by ETag: uploaded before checksums)")
+    return "; ".join(parts)
+
+
 def expected_etag(scan: BatchScan, recorded: str) -> str:
     """The ETag the local bytes give in the recorded ETag's form: an MD5, or the multipart
     one for whichever candidate part size gives the recorded number of parts."""
@@ -557,12 +597,12 @@ def _head(client: Any, bucket: str, key: str) -> S3Object | None:
     from botocore.exceptions import ClientError
 
     try:
-        head = client.head_object(Bucket=bucket, Key=key)
+        head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     except ClientError as exc:
         if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
             return None
         raise
-    return S3Object(int(head["ContentLength"]), str(head["ETag"]).strip('"'))
+    return S3Object(int(head["ContentLength"]), str(head["ETag"]).strip('"'), head_sha256(head))
 
 
 def _part_sizes(client: Any, rec: UploadRecord, parts: int) -> list[int]:

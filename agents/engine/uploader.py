@@ -1,4 +1,5 @@
-"""S3 upload of closed batches: boto3 in a thread, confirmed by HEAD, recorded in uploads.jsonl.
+"""S3 upload of closed batches: boto3 in a thread, each put carrying its MD5 and SHA-256
+(S3 checks both), confirmed by a HEAD showing that SHA-256, recorded in uploads.jsonl.
 
 A closed batch that is not in uploads.jsonl is pending by definition, so a restart re-uploads
 exactly those. While S3 is down, batches wait and generation goes on.
@@ -12,10 +13,10 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -92,6 +93,42 @@ def put_journals(client: Any, spec: S3Section, folder: str, paths: list[Path]) -
                           Body=body, ContentType="application/x-ndjson")
 
 
+def sha256_b64(hexdigest: str) -> str:
+    """S3's form of a SHA-256 (x-amz-checksum-sha256): base64 of the digest."""
+    return base64.b64encode(bytes.fromhex(hexdigest)).decode()
+
+
+def head_sha256(head: Mapping[str, Any]) -> str | None:
+    """The object's SHA-256 checksum, hex, from a HEAD made with ChecksumMode=ENABLED; None
+    when it carries none (put without one, or an S3 that keeps none)."""
+    b64 = head.get("ChecksumSHA256")
+    if not b64:
+        return None
+    try:
+        return base64.b64decode(str(b64), validate=True).hex()
+    except ValueError:
+        return f"(not base64: {str(b64)[:60]!r})"
+
+
+def confirm(head: Mapping[str, Any], url: str, size: int, sha256: str, md5: str
+            ) -> Literal["sha256"] | None:
+    """How a HEAD confirms the upload: "sha256" by its SHA-256 checksum (the ETag is never
+    relied on when there is one), None by ETag = MD5 where S3 keeps no checksum; raises when
+    it does not show these bytes."""
+    if head.get("ContentLength") != size:
+        raise RuntimeError(f"{url}: HEAD says size {head.get('ContentLength')}, expected {size}")
+    got = head_sha256(head)
+    if got is not None:
+        if got != sha256:
+            raise RuntimeError(f"{url}: HEAD says SHA-256 {got}, expected {sha256}")
+        return "sha256"
+    etag = str(head.get("ETag", "")).strip('"')
+    if etag != md5:
+        raise RuntimeError(f"{url}: HEAD shows no SHA-256 checksum and ETag {etag}, not the "
+                           f"MD5 {md5}: the upload cannot be confirmed")
+    return None
+
+
 @dataclass(slots=True)
 class Pending:
     path: Path
@@ -135,6 +172,7 @@ class Uploader:
         # A campaign shard's reassign record: looked for before every put (fence()).
         self._fence_key: str | None = None
         self._on_fenced: Callable[[], None] | None = None
+        self._warned_no_checksum = False
 
     def recover(self, closed: list[Path]) -> int:
         """Read uploads.jsonl; queue every closed batch not confirmed there."""
@@ -199,19 +237,24 @@ class Uploader:
             raise RuntimeError(f"{item.path} changed since it was closed (sha256 differs)")
         key = self.key_for(item.path)
         with open(item.path, "rb") as f:
+            # S3 checks both digests on receipt; the SHA-256 also stays with the object, the
+            # proof that still holds where the ETag is not the MD5 (SSE-KMS).
             self._client.put_object(
                 Bucket=self.spec.bucket, Key=key, Body=f,
                 ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
+                ChecksumAlgorithm="SHA256", ChecksumSHA256=sha256_b64(sha256),
                 ContentType="application/x-ndjson",
             )
         crash_point("upload")
-        head = self._client.head_object(Bucket=self.spec.bucket, Key=key)
+        head = self._client.head_object(Bucket=self.spec.bucket, Key=key, ChecksumMode="ENABLED")
         etag = str(head.get("ETag", "")).strip('"')
-        if head.get("ContentLength") != size or etag != md5:
-            raise RuntimeError(f"s3://{self.spec.bucket}/{key}: HEAD says size "
-                               f"{head.get('ContentLength')} etag {etag}, expected {size} {md5}")
+        checksum = confirm(head, f"s3://{self.spec.bucket}/{key}", size, sha256, md5)
+        if checksum is None and not self._warned_no_checksum:
+            self._warned_no_checksum = True
+            log.warning("s3://%s keeps no SHA-256 checksums: uploads are confirmed by ETag = "
+                        "MD5, which fails under SSE-KMS", self.spec.bucket)
         rec = UploadRecord(batch=item.path.name, size=size, sha256=sha256, key=key, etag=etag,
-                           bucket=self.spec.bucket, uploaded_at=time.time())
+                           bucket=self.spec.bucket, uploaded_at=time.time(), checksum=checksum)
         assert self._file is not None, "recover() first"
         # All or nothing: a full disk leaves no half record (the batch is uploaded again).
         self._file.append(encoder.encode(rec) + b"\n")

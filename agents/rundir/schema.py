@@ -76,7 +76,12 @@ class FailureEvent(msgspec.Struct, omit_defaults=True):
 
 
 class UploadRecord(msgspec.Struct):
-    """A line of uploads.jsonl: one closed batch, confirmed in S3 by a HEAD."""
+    """A line of uploads.jsonl: one closed batch, confirmed in S3 by a HEAD.
+
+    `checksum` says how: "sha256" when the object carries an S3 SHA-256 checksum (checked by
+    S3 at the put) equal to `sha256`, the one proof that holds under SSE-KMS, whose ETag is
+    not the MD5; None (lines from before checksums, or an S3 that keeps none) when its ETag
+    equals the MD5 of the bytes."""
 
     batch: str
     size: int
@@ -85,6 +90,7 @@ class UploadRecord(msgspec.Struct):
     etag: str
     bucket: str
     uploaded_at: float
+    checksum: Literal["sha256"] | None = None
 
 
 class Concurrency(msgspec.Struct):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from pathlib import Path
@@ -31,9 +32,12 @@ def _check_s3_matches(run_dir: Path, s3: S3Server) -> int:
     for u in uploads:
         local = (run_dir / "completions" / u["batch"]).read_bytes()
         assert u["sha256"] == hashlib.sha256(local).hexdigest()
-        head = client.head_object(Bucket=s3.bucket, Key=u["key"])
+        head = client.head_object(Bucket=s3.bucket, Key=u["key"], ChecksumMode="ENABLED")
         assert head["ETag"].strip('"') == hashlib.md5(local).hexdigest() == u["etag"]
         assert head["ContentLength"] == len(local) == u["size"]
+        # The SHA-256 S3 checked at the put, and kept: what the upload was confirmed by.
+        assert u["checksum"] == "sha256"
+        assert base64.b64decode(head["ChecksumSHA256"]).hex() == u["sha256"]
     assert set(objects) == {u["key"] for u in uploads}
     return len(uploads)
 
