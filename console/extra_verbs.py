@@ -1,5 +1,5 @@
-"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check and rebalance.
-Registered on the headless parser."""
+"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check, rebalance and
+resume-from-s3. Registered on the headless parser."""
 
 from __future__ import annotations
 
@@ -38,3 +38,7 @@ def add(sub: Any) -> None:
     from console import campaign_rebalance
 
     campaign_rebalance.add(sub)
+
+    from console import resume_from_s3
+
+    resume_from_s3.add(sub)

@@ -272,6 +272,8 @@ class Verifier:
                     name = obj["Key"][len(spec.prefix):]
                     if self.shard is not None and not in_shard(name, self.shard):
                         continue  # another shard's batch, or the campaign's journals
+                    if name.startswith("journals/"):
+                        continue  # the run's pin and failures.jsonl: not batches, not extra
                     self.objects[obj["Key"]] = S3Object(obj["Size"], obj["ETag"].strip('"'))
             headed: list[str] = []
             for rec in self.records.values():

@@ -1,5 +1,6 @@
-"""Verbs that start and stop a supervised run: `up`, `stop`, `down`, `resume` and
-`restart-server`. Each maps one to one onto an RPC to the run's supervisor."""
+"""Verbs that start and stop a supervised run: `up`, `stop`, `down`, `resume`,
+`resume-from-s3` and `restart-server`. Each maps one to one onto an RPC to the run's
+supervisor (`resume-from-s3`: to `serve --stdio`, as there is none)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("resume", help="continue a run; starts a supervisor if none runs")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("resume-from-s3", help="a run whose node disk is lost: rebuild its run "
+                       "directory here from its S3 prefix (batches, failures, pin), then "
+                       "continue it, sending only what S3 lacks")
+    p.add_argument("spec", type=Path, metavar="RUN.toml")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="send the indices that failed again (by default they stay failed)")
+    p.set_defaults(handler=cmd_resume_from_s3)
 
     p = sub.add_parser("restart-server", help="restart one server")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -92,4 +101,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
         print(f"fleetdeck-agent resume: {exc.message}", file=sys.stderr)
         return EXIT_CHECK
     print(json.dumps(result))
+    return EXIT_OK
+
+
+def cmd_resume_from_s3(args: argparse.Namespace) -> int:
+    from agents.artifacts.restore import RestoreRefused, restore_run_dir
+    from agents.engine import EngineError
+
+    try:
+        spec = load_spec(args.spec)
+        restored = restore_run_dir(spec, retry_failed=args.retry_failed)
+        started = asyncio.run(up(spec))
+    except (SpecError, RestoreRefused, EngineError, RunCtlError, ValueError) as exc:
+        return usage_error("resume-from-s3", exc)
+    print(json.dumps({**restored.to_json(), **started}))
     return EXIT_OK

@@ -34,7 +34,7 @@ from agents.engine.ownership import (
     expand,
     pick_for_cede,
 )
-from agents.engine.pin import check_pin
+from agents.engine.pin import check_pin, publish_pin
 from agents.engine.reassigned import (
     reassign_id,
     reassign_key,
@@ -44,7 +44,7 @@ from agents.engine.reassigned import (
 from agents.engine.retries import find_truncated
 from agents.engine.serverload import ServerLoad
 from agents.engine.store import BatchStore, ClosedBatch
-from agents.engine.uploader import Uploader, check_bucket
+from agents.engine.uploader import RUN_FOLDER, Uploader, check_bucket, make_s3_client
 from agents.rundir.atomic import AppendLog, atomic_write, make_dirs
 from agents.rundir.control import ControlError, ensure_control, read_control
 from agents.rundir.crashpoint import crash_point
@@ -182,6 +182,10 @@ class Engine:
                                     self._fence_hit.set)
                 self.uploader.watch_journals(self.shard.tag, [self.journal.path,
                                                               self.owner.path or Path()])
+            else:
+                # What resume-from-s3 restores, so failed indices stay failed on a new disk.
+                self.uploader.watch_journals(RUN_FOLDER, [self.journal.path])
+            publish_pin(make_s3_client(self.spec.s3), self.spec.s3, self.pin, self.shard)
         self._batches_closed = len(rec.closed_batches)
         progress_raw = None
         try:

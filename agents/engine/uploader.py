@@ -24,6 +24,7 @@ from agents.engine.durable import DurableAppend
 from agents.rundir.atomic import cut_torn_tail
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import UploadRecord, encoder, upload_decoder
+from agents.rundir.shard import Shard
 from agents.rundir.spec import S3Section
 
 log = logging.getLogger("fleetdeck.engine.s3")
@@ -37,6 +38,19 @@ class Fenced(RuntimeError):
 
 class S3Unavailable(RuntimeError):
     pass
+
+
+class Conflict(RuntimeError):
+    """The key holds other bytes than the batch of that name: never overwritten (a lost
+    node's run resumed elsewhere, or two runs on one prefix)."""
+
+
+def precondition_failed(exc: Exception) -> bool:
+    """botocore's error for a put refused by `If-None-Match: *` (the key exists)."""
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "412") or status == 412
 
 
 def make_s3_client(spec: S3Section, timeout_s: float = 30.0) -> Any:
@@ -74,6 +88,14 @@ def file_digests(path: Path) -> tuple[str, str, int]:
             md5.update(chunk)
             size += len(chunk)
     return sha.hexdigest(), md5.hexdigest(), size
+
+
+# An unsharded run's journals and pin sit beside a shard's, in a folder no shard tag can be.
+RUN_FOLDER = "run"
+
+
+def journal_folder(shard: Shard | None) -> str:
+    return shard.tag if shard is not None else RUN_FOLDER
 
 
 def journal_key(spec: S3Section, folder: str, name: str) -> str:
@@ -236,19 +258,35 @@ class Uploader:
         if item.sha256 and item.sha256 != sha256:
             raise RuntimeError(f"{item.path} changed since it was closed (sha256 differs)")
         key = self.key_for(item.path)
+        existed = False
         with open(item.path, "rb") as f:
-            # S3 checks both digests on receipt; the SHA-256 also stays with the object, the
-            # proof that still holds where the ETag is not the MD5 (SSE-KMS).
-            self._client.put_object(
-                Bucket=self.spec.bucket, Key=key, Body=f,
-                ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
-                ChecksumAlgorithm="SHA256", ChecksumSHA256=sha256_b64(sha256),
-                ContentType="application/x-ndjson",
-            )
+            try:
+                # Only where no object is: a batch in S3 is never overwritten. S3 checks both
+                # digests on receipt; the SHA-256 also stays with the object, the proof that
+                # still holds where the ETag is not the MD5 (SSE-KMS).
+                self._client.put_object(
+                    Bucket=self.spec.bucket, Key=key, Body=f,
+                    ContentMD5=base64.b64encode(bytes.fromhex(md5)).decode(),
+                    ChecksumAlgorithm="SHA256", ChecksumSHA256=sha256_b64(sha256),
+                    ContentType="application/x-ndjson", IfNoneMatch="*",
+                )
+            except Exception as exc:
+                if not precondition_failed(exc):
+                    raise
+                existed = True  # ours, put before a crash took its record, if the HEAD says so
         crash_point("upload")
         head = self._client.head_object(Bucket=self.spec.bucket, Key=key, ChecksumMode="ENABLED")
         etag = str(head.get("ETag", "")).strip('"')
-        checksum = confirm(head, f"s3://{self.spec.bucket}/{key}", size, sha256, md5)
+        url = f"s3://{self.spec.bucket}/{key}"
+        try:
+            checksum = confirm(head, url, size, sha256, md5)
+        except RuntimeError as exc:
+            if existed:
+                raise Conflict(f"{url} already exists with other bytes ({exc}; {item.path} has "
+                               f"size {size}, sha256 {sha256}): refused (412), never "
+                               "overwritten; another run uploads to this prefix, or this batch "
+                               "number was taken by a node this run was resumed from") from None
+            raise
         if checksum is None and not self._warned_no_checksum:
             self._warned_no_checksum = True
             log.warning("s3://%s keeps no SHA-256 checksums: uploads are confirmed by ETag = "

@@ -243,6 +243,29 @@ class StdioSession:
             await self.attach()
             return result
 
+        async def resume_from_s3(p: dict[str, Any]) -> Any:
+            """A lost disk: this run directory rebuilt from S3 (`params.spec`: the run.toml on
+            this node), then started."""
+            from agents.artifacts.restore import RestoreRefused, restore_run_dir
+            from agents.supervise.launch import up
+
+            spec_path = p.get("spec")
+            if not isinstance(spec_path, str) or not spec_path:
+                raise RpcError(INVALID_PARAMS, "resume_from_s3 needs spec (the run.toml on the "
+                               "node)")
+            try:
+                spec = await asyncio.to_thread(spec_for_launch, spec_path, {})
+                if spec.run_dir.resolve() != self.run_dir:
+                    raise RestoreRefused(f"{spec_path}: [run] dir is {spec.run_dir}, not this "
+                                         f"session's {self.run_dir}")
+                restored = await asyncio.to_thread(restore_run_dir, spec,
+                                                   bool(p.get("retry_failed")))
+                started = await up(spec, p.get("who"))
+            except (SpecError, RestoreRefused, EngineError, RunCtlError) as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            await self.attach()
+            return {**restored.to_json(), **started}
+
         async def cede(p: dict[str, Any]) -> Any:
             id_, count = cede_params(p)
             audit(self.run_dir, "cede", {"id": id_, "count": count}, p.get("who"))
@@ -275,7 +298,8 @@ class StdioSession:
 
         methods: dict[str, Any] = self.local.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe,
-                       unsubscribe=unsubscribe, launch=launch, resume=resume_, cede=cede,
+                       unsubscribe=unsubscribe, launch=launch, resume=resume_,
+                       resume_from_s3=resume_from_s3, cede=cede,
                        adopt=adopt, reassign=reassign_,
                        stop=needs_supervisor, down=needs_supervisor,
                        restart_server=needs_supervisor)

@@ -523,9 +523,14 @@ class Supervisor:
                                        manual=True)
             return {"server": n, "state": self.servers.servers[n].state}
 
+        async def resume_from_s3(p: dict[str, Any]) -> Any:
+            raise RpcError(REFUSED, f"{self.run_dir}: a supervisor runs this run, its disk is "
+                           "here: resume-from-s3 is for a lost disk; use resume")
+
         methods: dict[str, Any] = self.control.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe, unsubscribe=unsubscribe,
                        stop=stop, down=down, resume=resume, launch=launch, cede=cede,
+                       resume_from_s3=resume_from_s3,
                        adopt=adopt, reassign=reassign_,
                        restart_server=restart_server)
         return methods

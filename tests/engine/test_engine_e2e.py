@@ -19,7 +19,8 @@ def _s3_objects(s3: S3Server) -> dict[str, dict]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket,
                                                                  Prefix="runs/test/"):
         for obj in page.get("Contents", []):
-            out[obj["Key"]] = obj
+            if not obj["Key"].startswith("runs/test/journals/"):  # the pin and failures
+                out[obj["Key"]] = obj
     return out
 
 
@@ -71,8 +72,18 @@ def test_three_servers_one_flaky_one_crashing(tmp_path: Path, sims, s3: S3Server
     n = _check_s3_matches(engine.run_dir, s3)
     assert n == progress["s3_uploaded"] == progress["batches_closed"]
     assert progress["s3_pending"] == 0
-    # A run outside a campaign moves no index: no ownership journal, nothing in S3 for one.
+    # A run outside a campaign moves no index: no ownership journal, nothing in S3 for one;
+    # its pin and failures.jsonl are there, what resume-from-s3 rebuilds a lost disk from.
     assert not (engine.run_dir / "ownership.jsonl").exists()
+    journals = {o["Key"]: o for o in s3.client().list_objects_v2(
+        Bucket=s3.bucket, Prefix="runs/test/journals/")["Contents"]}
+    assert set(journals) == {"runs/test/journals/run/run.pin.json",
+                             "runs/test/journals/run/failures.jsonl"}
+    body = s3.client().get_object(Bucket=s3.bucket, Key="runs/test/journals/run/failures.jsonl")
+    assert body["Body"].read() == (engine.run_dir / "failures.jsonl").read_bytes()
+    pin = json.loads(s3.client().get_object(
+        Bucket=s3.bucket, Key="runs/test/journals/run/run.pin.json")["Body"].read())
+    assert pin == json.loads((engine.run_dir / "run.pin.json").read_text())
     assert progress["shard"] is None and progress["ownership"] is None
     sizes = [len(p.read_text().splitlines())
              for p in sorted((engine.run_dir / "completions").glob("*.jsonl"))]

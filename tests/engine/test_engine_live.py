@@ -103,7 +103,9 @@ def test_s3_killed_mid_run_and_restarted(tmp_path: Path, sims, s3: S3Server) -> 
     assert st.todo == set()
     closed = sorted(p.name for p in (engine.run_dir / "completions").glob("*.jsonl"))
     keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket)["Contents"]}
-    assert keys == {f"runs/test/{n}" for n in closed}
+    journals = {"runs/test/journals/run/run.pin.json", "runs/test/journals/run/failures.jsonl"}
+    assert keys - journals == {f"runs/test/{n}" for n in closed}
+    assert journals <= keys  # the pin and failures.jsonl are there too
 
 
 def test_retry_truncated_after_max_tokens_raise(tmp_path: Path, sims) -> None:
