@@ -209,3 +209,26 @@ def test_how_a_head_confirms_an_upload() -> None:
         with pytest.raises(RuntimeError, match=re.escape(said)) as exc:
             confirm(bad, url, len(body), sha, md5)
         assert str(exc.value).startswith(url)
+
+
+def test_a_lost_disk_on_an_sse_kms_bucket_is_restored_by_checksum(
+        kms_run: KmsRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resume-from-s3's restore where no ETag is the MD5: each batch is proven by the SHA-256
+    S3 keeps (by ETag alone nothing could be restored), and the records say so."""
+    from agents.artifacts.restore import restore_run_dir
+    from agents.rundir.spec import load_spec
+
+    for k, v in kms_run.s3.env().items():
+        monkeypatch.setenv(k, v)
+    spec_path = tmp_path / "run.toml"
+    spec_path.write_text((kms_run.run_dir.parent / "run.toml").read_text().replace(
+        f'dir = "{kms_run.run_dir}"', f'dir = "{tmp_path / "run"}"'))
+    out = restore_run_dir(load_spec(spec_path))
+    records = _records(out.run_dir)
+    assert out.batches == len(_records(kms_run.run_dir)) == len(records) > 1
+    assert out.done == PROMPTS
+    for r in records:
+        md5 = hashlib.md5((out.run_dir / "completions" / str(r["batch"])).read_bytes()).hexdigest()
+        assert r["checksum"] == "sha256" and r["etag"] == kms_etag(md5) != md5, r
+    originals = {r["batch"]: r["sha256"] for r in _records(kms_run.run_dir)}
+    assert {r["batch"]: r["sha256"] for r in records} == originals
