@@ -161,6 +161,8 @@ class ServerSet:
                                       retractions=Retractions(spec.alerts.window_s))
                         for i, g in enumerate(self.cfg.groups)]
         self.closed = False
+        # Set by stop_all: a server's exit is then the stop's doing, never "down" or a restart.
+        self.stopping = False
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.health_timeout_s,
                                                                connect=5.0))
         self._tasks: list[asyncio.Task[None]] = []
@@ -325,7 +327,7 @@ class ServerSet:
         cfg = self.cfg
         while not self.closed:
             now = time.time()
-            if server.state == "stopped":
+            if server.state == "stopped" or self.stopping:
                 pass
             elif not server.process_alive():
                 await self._on_dead(server, now)
@@ -469,6 +471,9 @@ class ServerSet:
             server.last_error = error
 
     async def stop_all(self) -> None:
+        # Before the first SIGTERM: a watcher that saw a stopped server's exit would call it
+        # down (seen under load: starting -> down -> stopped), or relaunch it mid-stop.
+        self.stopping = True
         for server in self.servers:
             await self._terminate(server)
             self._set_state(server, "stopped")

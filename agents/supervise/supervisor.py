@@ -438,6 +438,7 @@ class Supervisor:
                                "starts when they are up")
             if self.servers is not None and any(s.state == "stopped"
                                                 for s in self.servers.servers):
+                self.servers.stopping = False  # watched again from this launch on
                 for s in self.servers.servers:
                     if s.state == "stopped":
                         self.servers.launch(s)

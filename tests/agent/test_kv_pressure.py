@@ -280,7 +280,9 @@ def test_a_simulated_small_kv_pool_retracts_and_the_run_says_so(tmp_path: Path) 
         final = wait_status(run_dir, lambda s: s["servers"][0].get("retracted_total") ==
                             after["num_retracted_requests_total"], 30, "the row's counter")
         assert retracted > 0 and final["servers"][0]["retracted_recent"] == retracted
-        assert final["progress"]["deadline_misses"] == 0, final["progress"]
+        # No storm: a few misses are a loaded machine's jitter at deadline_factor 1 (the
+        # allowance itself is tested in tests/engine/test_kv_knee.py); a storm resends most.
+        assert final["progress"]["deadline_misses"] <= 8, final["progress"]
         st = read_run(run_dir)
         assert set(st.current) == set(range(160)) and not st.failed
     finally:
