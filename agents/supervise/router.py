@@ -17,11 +17,9 @@ from agents.engine.router import RouterWorker, read_workers, workers_url
 from agents.rundir.schema import ServerState, ServerStatus
 from agents.rundir.spec import RunSpec
 from agents.supervise.retractions import Retractions
-from agents.supervise.servers import fetch_server_info, figure_fields
+from agents.supervise.servers import fetch_figures, figure_fields, unanswered
 from agents.supervise.sglang_metrics import (
-    MetricsReading,
     ServerFigures,
-    read_metrics,
     server_figures,
 )
 
@@ -185,15 +183,11 @@ class RouterWatch:
     async def _figures(self, worker: Worker) -> None:
         """SGLang's own figures of one worker (sglang_metrics.server_figures): /server_info
         and /metrics; the worker's log is on its own node, out of reach."""
-        metrics: MetricsReading | None = None
         try:
-            info, error = await fetch_server_info(self._client, worker.url, worker.info_paths,
-                                                  self.cfg.api_key)
-            met = await self._client.get(f"{worker.url}/metrics", timeout=5.0)
-            if met.status_code == 200:  # 404 without --enable-metrics
-                metrics = read_metrics(met.text)
+            info, metrics, error = await fetch_figures(self._client, worker.url,
+                                                       worker.info_paths, self.cfg.api_key)
         except httpx.HTTPError as exc:
-            worker.last_error = f"figures from {worker.url}: {type(exc).__name__}: {exc}"
+            worker.last_error = unanswered(worker.url, exc)
             return
         if error is not None:
             worker.last_error = error

@@ -87,6 +87,21 @@ async def fetch_server_info(client: httpx.AsyncClient, url: str, paths: list[str
     return None, f"figures from {url}: " + "; ".join(answers)
 
 
+async def fetch_figures(client: httpx.AsyncClient, url: str, info_paths: list[str],
+                        api_key: str | None
+                        ) -> tuple[ServerInfo | None, MetricsReading | None, str | None]:
+    """One read of a server's own figures: its server info (fetch_server_info, with what it
+    answered when that failed) and /metrics (None without --enable-metrics: a 404).
+    httpx.HTTPError when the server does not answer at all."""
+    info, error = await fetch_server_info(client, url, info_paths, api_key)
+    met = await client.get(f"{url}/metrics", timeout=5.0)
+    return info, read_metrics(met.text) if met.status_code == 200 else None, error
+
+
+def unanswered(url: str, exc: Exception) -> str:
+    return f"figures from {url}: {type(exc).__name__}: {exc}"
+
+
 class ServerRecord(msgspec.Struct):
     number: int
     gpu: int  # the group's first GPU
@@ -444,15 +459,11 @@ class ServerSet:
                 continue
             info: ServerInfo | None = None
             metrics: MetricsReading | None = None
-            error: str | None = None
             try:
-                info, error = await fetch_server_info(self._client, server.url, info_paths,
-                                                      self.cfg.api_key)
-                met = await self._client.get(f"{server.url}/metrics", timeout=5.0)
-                if met.status_code == 200:  # 404 without --enable-metrics
-                    metrics = read_metrics(met.text)
+                info, metrics, error = await fetch_figures(self._client, server.url,
+                                                           info_paths, self.cfg.api_key)
             except httpx.HTTPError as exc:
-                error = f"figures from {server.url}: {type(exc).__name__}: {exc}"
+                error = unanswered(server.url, exc)
             if error is not None:
                 self._figures_failed(server, error)
             reader = await asyncio.to_thread(tail.poll)

@@ -16,11 +16,9 @@ import httpx
 from agents.rundir.schema import ServerStatus
 from agents.rundir.spec import RunSpec
 from agents.supervise.retractions import Retractions
-from agents.supervise.servers import fetch_server_info, figure_fields
+from agents.supervise.servers import fetch_figures, figure_fields, unanswered
 from agents.supervise.sglang_metrics import (
-    MetricsReading,
     ServerFigures,
-    read_metrics,
     server_figures,
 )
 
@@ -67,15 +65,11 @@ class UrlWatch:
     async def read(self, server: UrlServer) -> None:
         """One refresh of the server's figures; a server that does not answer keeps its last
         ones (aged by metrics_at) and says why in last_error."""
-        metrics: MetricsReading | None = None
         try:
-            info, error = await fetch_server_info(self._client, server.url, server.info_paths,
-                                                  self.cfg.api_key)
-            met = await self._client.get(f"{server.url}/metrics", timeout=5.0)
-            if met.status_code == 200:  # 404 without --enable-metrics
-                metrics = read_metrics(met.text)
+            info, metrics, error = await fetch_figures(self._client, server.url,
+                                                       server.info_paths, self.cfg.api_key)
         except httpx.HTTPError as exc:
-            server.last_error = f"figures from {server.url}: {type(exc).__name__}: {exc}"
+            server.last_error = unanswered(server.url, exc)
             return
         server.last_error = error
         server.figures = server_figures(info, metrics, None)
