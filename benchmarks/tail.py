@@ -121,10 +121,14 @@ def main() -> None:
               f" s; failed {last['failed']}, deadline misses {last.get('deadline_misses', 0)}, "
               f"hedges {last.get('hedges', 0)} (won {last.get('hedges_won', 0)})")
     ratio = rows[1]["t100"] / rows[0]["t100"]
-    tail = (rows[1]["t100"] - rows[1]["t99"]) / (rows[0]["t100"] - rows[0]["t99"])
+    # Under 100 prompts 99% is 100%, and the last 1% can land within one poll: no tail to
+    # divide by.
+    today_tail = rows[0]["t100"] - rows[0]["t99"]
+    tail = (f"{(rows[1]['t100'] - rows[1]['t99']) / today_tail:.3f}x" if today_tail > 0 else
+            "n/a (today's run had no tail after 99%)")
     print(f"pace: {args.prompts / (rows[1]['t99'] / s):.2f} completions per simulated s to 99% "
           f"({args.prompts / rows[1]['t99']:.0f} per wall s)")
-    print(f"ratio 99% -> 100%, deadlines + hedging / today: {tail:.3f}x")
+    print(f"ratio 99% -> 100%, deadlines + hedging / today: {tail}")
     print(f"ratio time to 100%, deadlines + hedging / today: {ratio:.3f}x (target <= 0.1x)")
 
 

@@ -22,7 +22,8 @@ the same rule. On the CPU: forward passes (torch 2.13 has no flex backward on th
 eager, as the tests run it, and compiled) and SDPA's training step; on a GPU: training steps
 (forward and backward, bf16 autocast) of both. `--only-attention` skips the rest;
 `--attention-hidden`/`--attention-layers` size the drafter (default: 256 and 1 on the CPU,
-Qwen3-8B's 4096 and 5 layers on a GPU).
+Qwen3-8B's 4096 and 5 layers on a GPU); `--attention-tokens`/`--attention-anchors` shrink the
+step itself (the tests' smoke size; the figures that count are at the default).
 """
 
 from __future__ import annotations
@@ -173,9 +174,10 @@ class RssPeak:
         self.peak = max(self.peak, _rss())
 
 
-def attention_variant(variant: str, device: torch.device, hidden: int,
-                      layers: int) -> dict[str, Any]:
-    """One drafter step at 3,072 tokens x 512 anchors x block 16; run in its own process."""
+def attention_variant(variant: str, device: torch.device, hidden: int, layers: int,
+                      tokens: int = ATTN_TOKENS, anchors_n: int = ATTN_ANCHORS) -> dict[str, Any]:
+    """One drafter step at 3,072 tokens x 512 anchors x block 16 (by default); run in its
+    own process."""
     import trainer.drafter as drafter_module
 
     warnings.filterwarnings("ignore", message=".*flex_attention called without")
@@ -188,7 +190,7 @@ def attention_variant(variant: str, device: torch.device, hidden: int,
     torch.manual_seed(0)
     model = DFlashDraftModel(drafter_config(target, layers, settings))
     torch.nn.Module.to(model, device)
-    s, n, b = ATTN_TOKENS, ATTN_ANCHORS, ATTN_BLOCK
+    s, n, b = tokens, anchors_n, ATTN_BLOCK
     gen = torch.Generator().manual_seed(0)
     anchors = torch.randperm(s - 2, generator=gen)[:n].sort().values[None].to(device)
     feats = torch.randn(1, s, 5 * hidden, device=device)
@@ -242,8 +244,9 @@ def attention_variant(variant: str, device: torch.device, hidden: int,
             "tokens_per_s": s / seconds, "warm": warm}
 
 
-def attention_figures(device: str, hidden: int | None, layers: int | None,
-                      threads: int) -> list[dict[str, Any]]:
+def attention_figures(device: str, hidden: int | None, layers: int | None, threads: int,
+                      tokens: int = ATTN_TOKENS,
+                      anchors: int = ATTN_ANCHORS) -> list[dict[str, Any]]:
     cuda = device == "cuda"
     hidden = hidden or (4096 if cuda else 256)
     layers = layers or (5 if cuda else 1)
@@ -252,14 +255,15 @@ def attention_figures(device: str, hidden: int | None, layers: int | None,
         proc = subprocess.run(
             [sys.executable, __file__, "--attention-variant", variant, "--device", device,
              "--attention-hidden", str(hidden), "--attention-layers", str(layers),
-             "--threads", str(threads)], capture_output=True, text=True, timeout=1800)
+             "--threads", str(threads), "--attention-tokens", str(tokens),
+             "--attention-anchors", str(anchors)], capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             rows.append({"variant": variant, "error": proc.stderr.strip()[-400:]})
             continue
         rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     base = next((r for r in rows if r.get("variant") == rows[0]["variant"]
                  and "error" not in r), None)
-    print(f"attention     {ATTN_TOKENS} tokens, {ATTN_ANCHORS} anchors x block {ATTN_BLOCK}, "
+    print(f"attention     {tokens} tokens, {anchors} anchors x block {ATTN_BLOCK}, "
           f"drafter {layers} layer(s) width {hidden}, {device}, {threads} thread(s); "
           f"baseline {rows[0]['variant']}")
     for r in rows:
@@ -290,16 +294,19 @@ def main() -> int:
                     help="only the attention figures (3,072 tokens, 512 anchors, block 16)")
     ap.add_argument("--attention-hidden", type=int)
     ap.add_argument("--attention-layers", type=int)
+    ap.add_argument("--attention-tokens", type=int, default=ATTN_TOKENS)
+    ap.add_argument("--attention-anchors", type=int, default=ATTN_ANCHORS)
     ap.add_argument("--attention-variant", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.attention_variant:
         print(json.dumps(attention_variant(args.attention_variant, torch.device(args.device),
-                                           args.attention_hidden, args.attention_layers)))
+                                           args.attention_hidden, args.attention_layers,
+                                           args.attention_tokens, args.attention_anchors)))
         return 0
     if args.only_attention:
         attention_figures(args.device, args.attention_hidden, args.attention_layers,
-                          args.threads)
+                          args.threads, args.attention_tokens, args.attention_anchors)
         return 0
     tiny = args.device == "cpu" and args.hidden == 64
     with tempfile.TemporaryDirectory(prefix="fd-train-bench-") as tmp:
@@ -384,7 +391,8 @@ def main() -> int:
                  if args.peak_tflops else ""))
         result.update(peak_gib=peak, tflops=flops / 1e12)
     result["attention"] = attention_figures(args.device, args.attention_hidden,
-                                            args.attention_layers, args.threads)
+                                            args.attention_layers, args.threads,
+                                            args.attention_tokens, args.attention_anchors)
     print(json.dumps(result))
     return 0
 

@@ -35,8 +35,8 @@ from textual.widgets import DataTable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from console import app as app_module  # noqa: E402
 from console.fleet import ConsoleSettings, Fleet, Node  # noqa: E402
+from console.tui import app as app_module  # noqa: E402
 from console.tui.app import FleetdeckApp  # noqa: E402
 from console.tui.widgets.fleet_table import FLEET_COLUMNS  # noqa: E402
 

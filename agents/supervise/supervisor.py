@@ -127,9 +127,16 @@ class Supervisor:
             sock.unlink()
         for stale in remove_stale_sockets(sock.parent, keep=sock):
             log.info("removed %s: a socket of a supervisor that is gone", stale)
-        server = await asyncio.start_unix_server(self._session, path=str(sock),
+        # Bound under another name and renamed once it listens: a socket that is bound but not
+        # yet listening refuses connections, and another supervisor's sweep (runs launched at
+        # once: a campaign) would take it for a stale one and remove it under us.
+        bound = sock.with_suffix(".new")
+        if bound.exists():
+            bound.unlink()
+        server = await asyncio.start_unix_server(self._session, path=str(bound),
                                                  limit=STREAM_LIMIT)
-        os.chmod(sock, 0o600)
+        os.chmod(bound, 0o600)
+        os.replace(bound, sock)
         (self.run_dir / "agent.sock.path").write_text(f"{sock}\n")
         log.info("supervisor %d for %s listening on %s", os.getpid(), self.run_dir, sock)
         pusher = asyncio.create_task(self._push_loop())

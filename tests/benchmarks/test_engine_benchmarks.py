@@ -1,0 +1,47 @@
+"""The engine's and the agent's benchmarks at a smoke size, each a process of its own, so that
+none can silently break (their figures are for the report, not pass/fail). The console's are in
+test_console_benchmarks.py and training's in test_train_benchmark.py: three files, so that
+`pytest -n 4 --dist loadfile` spreads them over workers."""
+
+from __future__ import annotations
+
+from tests.benchmarks.smoke import ratios, run_bench
+
+NUM = r"(\d+(?:\.\d+)?)"
+
+
+def test_dispatch() -> None:
+    out = run_bench("dispatch.py", "--prompts", "200", "--servers", "2", "--concurrency", "8")
+    ratios(out, rf"ratio engine/baseline CPU per completion: {NUM}x")
+
+
+def test_tail() -> None:
+    # 1 simulated s = 2 ms: today's hung request holds its run ~7 s of wall time.
+    out = run_bench("tail.py", "--prompts", "100", "--servers", "2", "--max-tokens", "64",
+                    "--concurrency", "8", "--scale", "0.002", "--hang-rate", "0.01")
+    ratios(out, rf"ratio time to 100%, deadlines \+ hedging / today: {NUM}x")
+    # The last 1% with hedging can land within one poll: 0 (or n/a) is a fair figure here.
+    assert "ratio 99% -> 100%, deadlines + hedging / today: " in out, out
+
+
+def test_resume() -> None:
+    out = run_bench("resume.py", "--n", "5000")
+    assert "built 5,000 done indices in 10 batches" in out, out
+    ratios(out, rf"ratio engine/naive: time {NUM}x, memory {NUM}x", count=2)
+
+
+def test_autotune_simulated_and_live() -> None:
+    # --real (SGLang itself) runs at a smoke size in tests/real/test_kv_pressure.py.
+    out = run_bench("autotune.py", "--gpus", "2", "--hour-s", "300", "--live", "--live-s", "4")
+    ratios(out, rf"settled auto / best fixed: fleet {NUM}, worst GPU {NUM}, median {NUM}; "
+                rf"auto / default 40: fleet {NUM}", count=4)
+    ratios(out, rf"5 simulated min from cold \(probing included\): auto / best fixed: worst "
+                rf"{NUM}, median {NUM}", count=2)
+    ratios(out, rf"auto / best fixed {NUM}; auto / default 40 {NUM}", count=2)
+
+
+def test_agent() -> None:
+    out = run_bench("agent.py", "--iterations", "200", "--requests", "20", "--ssh-runs", "3")
+    # The snapshot's two, then two for each of the two RPC cases (no supervisor, live one).
+    ratios(out, rf"ratio [^:\n]+:\s+{NUM}x", count=6)
+    assert "supervised=False" in out and "supervised=True" in out, out
