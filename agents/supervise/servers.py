@@ -181,6 +181,9 @@ class ServerSet:
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.cfg.health_timeout_s,
                                                                connect=5.0))
         self._tasks: list[asyncio.Task[None]] = []
+        # While adopt_or_launch runs: the records of the servers it has not reached yet, which
+        # every save keeps as they were (see save).
+        self._unreached: dict[int, ServerRecord] = {}
 
     # -- records ----------------------------------------------------------------------------
 
@@ -189,8 +192,12 @@ class ServerSet:
         return self.run_dir / "servers.json"
 
     def save(self) -> None:
-        atomic_write(self.record_path,
-                     msgspec.json.encode([s.record() for s in self.servers]))
+        """Write servers.json (durably: a resume adopts from it). A server that
+        adopt_or_launch has not reached yet keeps its record as it was: the launch of an
+        earlier one must not write it as never started, its restarts at 0 and its pid gone
+        (a crash then would forget the restarts, and orphan a server that still runs)."""
+        records = [self._unreached.get(s.number) or s.record() for s in self.servers]
+        atomic_write(self.record_path, msgspec.json.encode(records))
 
     def load_records(self) -> dict[int, ServerRecord]:
         try:
@@ -256,9 +263,16 @@ class ServerSet:
         return resp.status_code == 200
 
     async def adopt_or_launch(self) -> None:
-        records = self.load_records()
+        self._unreached = self.load_records()
+        try:
+            await self._adopt_or_launch()
+        finally:
+            self._unreached = {}
+        self.save()
+
+    async def _adopt_or_launch(self) -> None:
         for server in self.servers:
-            rec = records.get(server.number)
+            rec = self._unreached.pop(server.number, None)
             if rec is not None:
                 server.restarts = rec.restarts
             if (rec is not None and rec.pid and rec.start_ticks
@@ -293,7 +307,6 @@ class ServerSet:
                 log.info("server %d: recorded pid %d is gone or is another process now: "
                          "launching a new one", server.number, rec.pid)
             self.launch(server)
-        self.save()
 
     def log_path(self, server: ManagedServer) -> Path:
         return self.run_dir / "logs" / f"sglang_gpu{server.gpu}.log"

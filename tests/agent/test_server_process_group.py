@@ -1,21 +1,25 @@
 """A server is its whole process group: what a launch process leaves behind is killed before a
 new server takes its GPUs, a hung (stopped) server is killed at once, and a new supervisor
-adopts a server that is still loading instead of starting its load over, and a figures read
-that the server's death cut short does not hide why it died. The real SGLang
+adopts a server that is still loading instead of starting its load over (and its relaunch of
+one server keeps the records of those it has not reached), and a figures read that the
+server's death cut short does not hide why it died. The real SGLang
 0.5.23 behaviour behind each rule is in tests/real/test_supervise_real.py."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from agents.rundir.spec import load_spec
 from agents.supervise.procinfo import alive, group_is_ours, group_members, start_time
-from agents.supervise.servers import ServerSet
+from agents.supervise.servers import ManagedServer, ServerSet
 from tests.plugins.supervised import agent, rpc_status, wait_status
 from tests.servers.ports import wait_until
 
@@ -149,3 +153,42 @@ def test_a_figures_read_cut_by_the_servers_death_does_not_hide_why(tmp_path: Pat
     server.state = "down"
     servers._figures_failed(server, "figures from x: ConnectError")
     assert server.last_error == "figures from x: ReadTimeout"
+
+
+def test_a_resume_that_relaunches_one_server_keeps_the_next_ones_record(tmp_path: Path) -> None:
+    # Seen in the power-loss torture: the resume's launch of server 0 saved servers.json with
+    # server 1 as never started (pid None, restarts 0), durably, before it reached server 1.
+    # A crash in between forgot server 1's restart (and would orphan a server 1 still alive).
+    (tmp_path / "prompts.jsonl").write_text("")
+    (tmp_path / "run.toml").write_text(
+        '[run]\nname = "t"\n[servers]\ngpus = [0, 1]\nbase_port = 47100\nmodel = "m"\n'
+        'command = "sleep 60"\n[generate]\nprompts = "prompts.jsonl"\n')
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    before = [{"number": n, "gpu": n, "port": 47100 + n, "pid": dead.pid, "start_ticks": 1,
+               "started_at": 1.0, "restarts": n + 2, "gpus": [n]} for n in (0, 1)]
+    (tmp_path / "servers.json").write_text(json.dumps(before))
+    servers = ServerSet(load_spec(tmp_path / "run.toml"), tmp_path)
+    seen: list[list[dict[str, Any]]] = []
+    launch = servers.launch
+
+    def launch_and_look(server: ManagedServer) -> None:
+        launch(server)
+        seen.append(json.loads((tmp_path / "servers.json").read_bytes()))
+
+    servers.launch = launch_and_look  # type: ignore[method-assign]
+    try:
+        asyncio.run(servers.adopt_or_launch())
+    finally:
+        for s in servers.servers:
+            if s.pid is not None:
+                os.killpg(s.pid, signal.SIGKILL)
+                if s.proc is not None:
+                    s.proc.wait()
+        asyncio.run(servers.close())
+    first, second = seen
+    assert first[0]["pid"] == servers.servers[0].pid and first[0]["restarts"] == 2
+    assert first[1] == before[1]  # not reached yet: its record as it was
+    assert second[1]["pid"] == servers.servers[1].pid and second[1]["restarts"] == 3
+    final = json.loads((tmp_path / "servers.json").read_bytes())
+    assert [r["restarts"] for r in final] == [2, 3]

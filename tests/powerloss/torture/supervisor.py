@@ -25,7 +25,15 @@ from tests.engine.runs import write_prompts
 from tests.plugins.supervised import kill_run, port_block
 from tests.powerloss.harness import ForgetfulDir
 from tests.powerloss.oplog import Op
-from tests.powerloss.torture.cuts import Figures, Violation, annotate, choose, cut_all, marks
+from tests.powerloss.torture.cuts import (
+    Figures,
+    Step,
+    Violation,
+    annotate,
+    choose,
+    cut_all,
+    marks,
+)
 from tests.powerloss.torture.engine import (
     MARKS,
     EngineCheck,
@@ -72,6 +80,7 @@ class Recording:
         self.revs: list[tuple[int, int]] = []  # (ops when a resize returned, its rev)
         self.audits: list[int] = []  # ops when each audited call returned
         self.live: dict[str, Any] = {}
+        self.victim = -1  # the number of the server SIGKILLed and relaunched
 
 
 def record(fs: ForgetfulDir, root: Path, prompts: int = 400) -> tuple[Recording, Path]:
@@ -93,6 +102,7 @@ def record(fs: ForgetfulDir, root: Path, prompts: int = 400) -> tuple[Recording,
             assert control is not None
             rec.revs.append((ops(), control.rev))
             rec.audits.append(ops())
+        rec.victim = servers(run_dir)[1]["number"]
         victim = servers(run_dir)[1]["pid"]
         os.killpg(victim, signal.SIGKILL)
         wait_until(lambda: any(s.get("restarts", 0) >= 1 and s["pid"] != victim
@@ -123,6 +133,50 @@ def record(fs: ForgetfulDir, root: Path, prompts: int = 400) -> tuple[Recording,
     return rec, spec
 
 
+def saves(steps: list[Step], path: str = "run/servers.json") -> list[tuple[int, int | None, bytes]]:
+    """Each replace of `path` (atomic_write's rename of its temp file), from the log: the
+    rename's index; the index of the first fsync of the folder after it, from which the new
+    version is durable (None when none came before the log's end or a power loss); and the
+    version's bytes."""
+    folder = path.rpartition("/")[0]
+    data: dict[str, bytearray] = {}  # the temp files' bytes so far, by path
+    out = []
+    for s in steps:
+        if s.op.kind == "create":
+            data[s.path] = bytearray()
+        elif s.op.kind == "write" and s.path in data:
+            at, chunk = int(s.op.args[1]), s.op.args[2]
+            assert isinstance(chunk, bytes)
+            buf = data[s.path]
+            buf[len(buf):at] = bytes(max(0, at - len(buf)))
+            buf[at:at + len(chunk)] = chunk
+        elif s.op.kind == "rename" and s.new_path == path:
+            synced = None
+            for t in steps[s.index + 1:]:
+                if t.op.kind == "power_loss":
+                    break
+                if t.op.kind == "fsyncdir" and t.path == folder:
+                    synced = t.index
+                    break
+            out.append((s.index, synced, bytes(data.get(s.path, b""))))
+    return out
+
+
+def restart_recorded(steps: list[Step], victim: int, seen_at: int) -> int:
+    """The prefix from which a durable servers.json holds the victim's restart: the first
+    save that holds it, once its folder fsync is in. The recording saw it at `seen_at` ops
+    (a read of the file, which may fall between that save's rename and its folder fsync:
+    the save had not returned, nothing was durable yet). A save whose folder was never
+    fsynced leaves the moment it was seen, so that the check finds the restart lost."""
+    for at, synced, data in saves(steps):
+        recs = {r.number: r for r in msgspec.json.decode(data, type=list[ServerRecord])}
+        if victim in recs and recs[victim].restarts >= 1:
+            if at >= seen_at:
+                raise AssertionError(f"the restart was seen at op {seen_at}, its save is op {at}")
+            return seen_at if synced is None else synced + 1
+    raise AssertionError("no save of servers.json holds the restart that was seen")
+
+
 def torture(fs: ForgetfulDir, root: Path, cuts: int, seed: int,
             per_kind: int | None = None) -> Figures:
     from tests.powerloss.torture.cuts import SHM
@@ -137,10 +191,18 @@ def torture(fs: ForgetfulDir, root: Path, cuts: int, seed: int,
                      f"{rec.live['resumed']} in {rec.live['resume_s']:.0f} s")
     steps = annotate(rec.log)
     crash_marks = marks(steps, MARKS)
-    # Where servers.json was replaced durably: each version is what a resume adopts from.
-    saves = [s.index + 1 for s in steps if s.op.kind == "rename"
-             and s.new_path == "run/servers.json"]
-    crash_marks["servers.json saved"] = saves
+    # Each servers.json version is what a resume adopts from: cut right after its rename (not
+    # durable yet: the version before it must be whole) and once its folder fsync made it so.
+    replaced = saves(steps)
+    crash_marks["servers.json renamed"] = [at + 1 for at, _, _ in replaced]
+    crash_marks["servers.json saved"] = [synced + 1 for _, synced, _ in replaced
+                                         if synced is not None]
+    crash_marks["live cut"] = [rec.live["at"]]
+    # The restart counts from the moment a durable servers.json held it, and from then on in
+    # every state: the live cut's, and every one after it (the resume's saves included).
+    restarted = restart_recorded(steps, rec.victim, rec.acks["restart"])
+    controlled = min((synced + 1 for _, synced, _ in saves(steps, "run/control.json")
+                      if synced is not None), default=1 << 62)
     engine = EngineCheck(rec.log, steps, "run", load_spec(spec_path))
 
     def check(k: int, folder: Path) -> dict[str, Any]:
@@ -153,21 +215,31 @@ def torture(fs: ForgetfulDir, root: Path, cuts: int, seed: int,
             if secrets.read(run_dir) is None:
                 raise Violation("secrets.json is gone")
             control = read_control(run_dir)
-            rev = max((r for at, r in rec.revs if at <= k), default=1)
-            if control is None or control.rev < rev:
+            # `up` answers once the supervisor listens; the engine writes rev 1 (run.toml's
+            # values, which a resume writes again) when it starts, durable from its folder
+            # fsync on; each resize is durable when it answers.
+            answered = [r for at, r in rec.revs if at <= k]
+            rev, why = ((max(answered), "had been answered") if answered else
+                        (1, f"was durable from op {controlled}") if k >= controlled else
+                        (0, ""))
+            if rev and (control is None or control.rev < rev):
                 raise Violation(f"control.json at rev {control and control.rev}, rev {rev} "
-                                "had been answered")
+                                f"{why}")
             audit = (run_dir / "control.log.jsonl").read_bytes().splitlines()
             want = sum(at <= k for at in rec.audits)
             if len(audit) < want:
                 raise Violation(f"{len(audit)} audit records, {want} calls had returned")
             [json.loads(a) for a in audit]
-            found["control revs kept"] = control.rev
+            found["control revs kept"] = control.rev if control is not None else 0
+        if k >= restarted and not (run_dir / "servers.json").exists():
+            raise Violation(f"servers.json, durable from op {restarted}, is gone")
         if (run_dir / "servers.json").exists():
             recs = msgspec.json.decode((run_dir / "servers.json").read_bytes(),
                                        type=list[ServerRecord])
-            if k >= rec.acks.get("restart", 1 << 62) and max(r.restarts for r in recs) < 1:
-                raise Violation("servers.json forgot the restart it had recorded")
+            restarts = {r.number: r.restarts for r in recs}
+            if k >= restarted and restarts.get(rec.victim, 0) < 1:
+                raise Violation(f"servers.json forgot the restart it had recorded (server "
+                                f"{rec.victim}'s, durable from op {restarted}): {restarts}")
             found["servers.json kept"] = 1
         if k >= rec.acks["up"]:
             for key, value in engine(k, folder).items():
