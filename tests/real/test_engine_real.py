@@ -165,6 +165,9 @@ def _cpu_hog() -> Iterator[subprocess.Popen[bytes]]:
         hog.wait(timeout=10)
 
 
+BURST_RUN = 200  # the engine's prompts in the burst test
+
+
 class _Burst:
     """Another client's long answers on the same server, in a thread: 40 of them fill the
     server's KV reservation, so what comes after them waits in its queue. rids `burst-NNN.`
@@ -337,7 +340,9 @@ def test_every_deadline_abort_is_confirmed_by_the_server(tmp_path: Path,
     (or crawl in its batch) past their deadline. Each is aborted by its rid, the server
     answers finish_reason abort, and its retry, once the burst is gone, makes the one line."""
     before = server.metrics()
-    engine = _run(tmp_path, server, 16, max_tokens=16, concurrency_per_server=4,
+    # Enough prompts that the engine still sends when the burst comes: on an idle box 16
+    # of them were all answered before the burst filled the server.
+    engine = _run(tmp_path, server, BURST_RUN, max_tokens=16, concurrency_per_server=4,
                   min_deadline_s=1.0, retries=10, sampling={"temperature": 0.6})
     wait_until(lambda: (engine.progress() or {}).get("completed", 0) >= 6, 180,
                "the engine's first answers (its pace)", proc=engine.proc)
@@ -355,7 +360,7 @@ def test_every_deadline_abort_is_confirmed_by_the_server(tmp_path: Path,
     assert misses >= 3
     # The journal says each miss before its copy went out again; none gave up for good.
     assert len(_deadline_events(engine.run_dir)) == misses
-    assert not state.failed and len(state.current) == 16
+    assert not state.failed and len(state.current) == BURST_RUN
     # The server let go of every copy given up on: it answered each with finish_reason
     # abort, and its own abort counter holds them beside the burst's. An answer that ended
     # while its abort was on the way is kept (late_answers) and may be counted there too.

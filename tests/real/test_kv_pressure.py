@@ -35,6 +35,7 @@ from tests.engine.runs import RunState, read_run
 from tests.plugins.supervised import agent, kill_run, rpc_status, wait_status
 from tests.real.server import RealServer
 from tests.real.wordprompts import write_word_prompts
+from tests.servers.ports import wait_until
 
 # A server start-up can fall inside the first test of a session (50-250 s on this box).
 pytestmark = pytest.mark.timeout(900)
@@ -232,10 +233,15 @@ def test_auto_never_settles_where_the_servers_queue_grows_and_its_throughput_is_
                            .get("phase") == "settled", 300, "auto to settle")
         settled_at = time.monotonic()
         tune = snap["progress"]["servers"]["0"]["autotune"]
-        # Watch it at its level: 24 more answers there, and the level it settled at holds.
+        # Watch it at its level: 24 more answers there and 5 of the sampler's seconds (on an
+        # idle box 24 answers came within one second, before any sample), and the level it
+        # settled at holds.
         done_then = snap["progress"]["completed"]
         wait_status(run_dir, lambda s: s["progress"]["completed"] >= done_then + 24, 180,
                     "24 answers at the settled level")
+        wait_until(lambda: sum(r["level"] == tune["level"] and r["t"] >= settled_at
+                               for r in list(sampler.rows)) >= 5, 180,
+                   "5 samples at the settled level")
         last = rpc_status(run_dir)["progress"]["servers"]["0"]["autotune"]
         r = agent("stop", str(run_dir), "--yes")
         assert r.returncode == 0, r.stderr
