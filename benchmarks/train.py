@@ -270,8 +270,8 @@ def attention_figures(device: str, hidden: int | None, layers: int | None, threa
         if "error" in r:
             print(f"  {r['variant']:22s} failed: {r['error']}")
             continue
-        ratio = (f"   memory x{r['peak_mib'] / base['peak_mib']:.2f}, speed "
-                 f"x{r['tokens_per_s'] / base['tokens_per_s']:.2f}" if base else "")
+        ratio = (f"   memory x{r['peak_mib'] / base['peak_mib']:.3g}, speed "
+                 f"x{r['tokens_per_s'] / base['tokens_per_s']:.3g}" if base else "")
         print(f"  {r['variant']:22s} peak {r['peak_mib']:8.0f} MiB   "
               f"{r['tokens_per_s']:8.0f} tokens/s{ratio}")
     if not cuda:
