@@ -217,6 +217,7 @@ def real_run(tmp: Path, name: str, url: str, concurrency: int | str, prompts: in
             return {}
 
     try:
+        started = time.monotonic()
         r = agent("up", str(spec))
         if r.returncode != 0:
             raise SystemExit(f"{name}: fleetdeck-agent up failed: {r.stdout}{r.stderr}")
@@ -225,7 +226,9 @@ def real_run(tmp: Path, name: str, url: str, concurrency: int | str, prompts: in
         p = progress()
         if p["status"] != "done":
             raise SystemExit(f"{name}: the run ended {p['status']}: {p.get('message')}")
-        rate = p["total_output_tokens"] / max(p["elapsed_hours"] * 3600, 1e-9)
+        # The engine's elapsed_hours is rounded: a short run on an idle box reads 0 (a rate of
+        # 6.4e10 tok/s once); from the first answer's wait to the end, timed here, instead.
+        rate = p["total_output_tokens"] / max(time.monotonic() - started, 1e-3)
         tune = (p["servers"].get("0") or {}).get("autotune") or {}
         how = (f"level {tune.get('level')} ({tune.get('phase')}: {tune.get('note')})" if tune
                else f"level {concurrency}")
