@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from agents.supervise.procinfo import alive, group_members, start_time
-from agents.supervise.sglang_log import BatchRecord, LogReader, LogTail, read_log
+from agents.supervise.sglang_log import READY, BatchRecord, LogReader, LogTail, read_log
 from agents.supervise.sglang_metrics import parse_exposition, read_server_info
 from tests.agent.test_sglang_real_0523 import COUNTERS, FALLBACKS, GAUGES
 from tests.engine.runs import read_run
@@ -130,7 +130,11 @@ def test_start_up_is_starting_until_the_real_server_is_ready_then_healthy(
     # Healthy only once the server said it was ready (its log's stamps are whole seconds).
     reader = read_log(m.log_path)
     assert reader.launches == 1 and reader.startup.ready and reader.startup.ready_line
-    ready_line = m.log_path.read_text(errors="replace").split("\n")[reader.startup.ready_line - 1]
+    # Lines counted as the reader counts them: split on `\n` only. read_text's universal
+    # newlines would also split on the bare `\r` of tqdm's bars and shift every number.
+    text = m.log_path.read_bytes().decode(errors="replace")
+    ready_line = text.split("\n")[reader.startup.ready_line - 1]
+    assert READY in ready_line, ready_line
     assert first_healthy >= _log_stamp(ready_line) - 1
     # The launch: the template's real server, on its group's GPUs, with its two children.
     assert cmdline(pid).startswith(f"{m.env.python} -m sglang.launch_server --model-path "
