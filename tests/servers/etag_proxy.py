@@ -11,16 +11,14 @@ client made, as the server saw them.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-              "proxy-connection", "expect"}
+from tests.servers.http_front import Answer, Exchange, HttpFront, start_http_front
+
 XML_ETAG = re.compile(rb"<ETag>((?:&#34;|&quot;|\")?)([0-9a-fA-F]{32})")
 
 
@@ -35,84 +33,40 @@ def _rewrite_header(value: str) -> str:
 
 @dataclass
 class EtagProxy:
-    url: str
     upstream: str
     puts: Counter[str] = field(default_factory=Counter)  # object key -> PUTs seen
-    _server: ThreadingHTTPServer | None = field(default=None, repr=False)
+    _front: HttpFront | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def url(self) -> str:
+        assert self._front is not None
+        return self._front.url
 
     def count_put(self, key: str) -> None:
         with self._lock:
             self.puts[key] += 1
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        if self._front is not None:
+            self._front.close()
+
+    def _on_request(self, req: Exchange) -> None:
+        if req.method == "PUT" and req.header("x-amz-copy-source") is None:
+            path = urlsplit(req.path).path
+            self.count_put(unquote(path.lstrip("/").partition("/")[2]))
+
+    def _on_answer(self, req: Exchange, answer: Answer) -> None:
+        if req.method != "HEAD" and b"<ETag>" in answer.body:
+            answer.body = XML_ETAG.sub(lambda m: b"<ETag>" + m.group(1) +
+                                       kms_etag(m.group(2).decode()).encode(), answer.body)
+        answer.headers = [(k, _rewrite_header(v) if k.lower() == "etag" else v)
+                          for k, v in answer.headers if k.lower() != "seaweed-x-amz-etag"]
 
 
 def start_etag_proxy(upstream_url: str) -> EtagProxy:
     """Start the proxy on a free loopback port, in front of `upstream_url` (http only)."""
-    up = urlsplit(upstream_url)
-    assert up.scheme == "http" and up.hostname and up.port, upstream_url
-    host, port = up.hostname, up.port
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as botocore expects
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-        def _forward(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-                self.send_error(501, "chunked request bodies are not proxied")
-                return
-            body = self.rfile.read(length) if length else b""
-            path = urlsplit(self.path).path
-            if self.command == "PUT" and "x-amz-copy-source" not in self.headers:
-                proxy.count_put(unquote(path.lstrip("/").partition("/")[2]))
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
-            conn = http.client.HTTPConnection(host, port, timeout=60)
-            try:
-                conn.putrequest(self.command, self.path, skip_host=True,
-                                skip_accept_encoding=True)
-                for k, v in headers.items():
-                    conn.putheader(k, v)
-                if "content-length" not in {k.lower() for k in headers}:
-                    conn.putheader("Content-Length", str(len(body)))
-                conn.endheaders(body)
-                resp = conn.getresponse()
-                data = resp.read()
-                answer = resp.getheaders()
-                status, reason = resp.status, resp.reason
-            finally:
-                conn.close()
-            if self.command != "HEAD" and b"<ETag>" in data:
-                data = XML_ETAG.sub(lambda m: b"<ETag>" + m.group(1) +
-                                    kms_etag(m.group(2).decode()).encode(), data)
-            self.send_response(status, reason)
-            for k, v in answer:
-                low = k.lower()
-                if low in HOP_BY_HOP or low == "seaweed-x-amz-etag":
-                    continue
-                if low == "content-length":
-                    v = v if self.command == "HEAD" else str(len(data))
-                elif low == "etag":
-                    v = _rewrite_header(v)
-                self.send_header(k, v)
-            if self.command != "HEAD" and "content-length" not in {k.lower() for k, _ in answer}:
-                self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-
-        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    proxy = EtagProxy(url=f"http://127.0.0.1:{server.server_address[1]}",
-                      upstream=upstream_url, _server=server)
-    threading.Thread(target=server.serve_forever, name="etag-proxy", daemon=True).start()
+    proxy = EtagProxy(upstream=upstream_url)
+    proxy._front = start_http_front(upstream_url, "etag-proxy", proxy._on_request,
+                                    proxy._on_answer)
     return proxy
