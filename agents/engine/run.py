@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
 import os
 import secrets
@@ -45,6 +46,13 @@ from agents.engine.retries import find_truncated
 from agents.engine.serverload import ServerLoad
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import RUN_FOLDER, Uploader, check_bucket, make_s3_client
+from agents.queue import records as queue_records
+from agents.queue import s3ops
+from agents.queue.board import Board, Me
+from agents.queue.chunks import OffsetIndex
+from agents.queue.layout import Layout
+from agents.queue.worker import FOLDER as QUEUE_FOLDER
+from agents.queue.worker import QueueWorker, run_id_of
 from agents.rundir.atomic import AppendLog, atomic_write, make_dirs
 from agents.rundir.control import ControlError, ensure_control, read_control
 from agents.rundir.crashpoint import crash_point
@@ -53,6 +61,7 @@ from agents.rundir.schema import (
     Control,
     OwnershipSummary,
     Progress,
+    QueueProgress,
     Usage,
     encoder,
 )
@@ -130,6 +139,10 @@ class Engine:
         self._progress_error: str | None = None
         # Why control.json is not being followed (unreadable, out of range), for status.
         self._control_note: str | None = None
+        # A campaign node ([queue]): its chunks, leased and committed through S3.
+        self.queue: QueueWorker | None = None
+        self._store_lock = asyncio.Lock()  # the writer's groups and a commit's batch close
+        self._req_tasks: dict[int, asyncio.Task[None]] = {}
 
     # -- start ------------------------------------------------------------------------------
 
@@ -176,7 +189,9 @@ class Engine:
         if self.spec.s3 is not None:
             self.uploader = Uploader(self.spec.s3, self.run_dir)
             self.uploader.recover(rec.closed_batches)
-            if self.shard is not None:
+            if self.spec.queue is not None:
+                pass  # its journals go beside its batches, once its run id is known
+            elif self.shard is not None:
                 refuse_if_reassigned(self.spec.s3, self.shard, self.run_dir)
                 self.uploader.fence(reassign_key(self.spec.s3, reassign_id(self.shard.tag)),
                                     self._fence_hit.set)
@@ -185,7 +200,10 @@ class Engine:
             else:
                 # What resume-from-s3 restores, so failed indices stay failed on a new disk.
                 self.uploader.watch_journals(RUN_FOLDER, [self.journal.path])
-            publish_pin(make_s3_client(self.spec.s3), self.spec.s3, self.pin, self.shard)
+            if self.spec.queue is None:
+                publish_pin(make_s3_client(self.spec.s3), self.spec.s3, self.pin, self.shard)
+            else:
+                self._prepare_queue()
         self._batches_closed = len(rec.closed_batches)
         progress_raw = None
         try:
@@ -240,6 +258,62 @@ class Engine:
         self.autotune = AutoTuner(self.run_dir, self.servers, lambda: self.control,
                                   self.gen.max_concurrency)
 
+    def _prepare_queue(self) -> None:
+        """A campaign node: the store probed for conditional writes, the campaign's pin agreed
+        or put, the prompts' offset index loaded, chunks held before a restart taken up."""
+        q, s3 = self.spec.queue, self.spec.s3
+        assert q is not None and s3 is not None and self.uploader is not None
+        client = make_s3_client(s3)
+        where = f"the S3 store at {s3.endpoint_url or 'AWS'} (bucket {s3.bucket!r})"
+        s3ops.probe(client, s3.bucket, Layout(s3.prefix), where)
+        run_id = run_id_of(self.run_dir)
+        board = Board(client, s3.bucket, s3.prefix, Me(q.node, run_id), q.lease_s, q.skew)
+        self.uploader.key_prefix = board.layout.batches(q.node, run_id)
+        self.uploader.watch_journals(f"{q.node}/{run_id}", [self.journal.path])
+        pin = queue_records.CampaignPin(
+            campaign=self.spec.run.campaign or self.spec.run.name,
+            prompts_sha256=self.pin.prompts_sha256, prompts_lines=self.pin.prompts_lines,
+            chunk_size=q.chunk_size, model=self.spec.model_name, sampling=self.gen.sampling,
+            chat_template_kwargs=self.gen.chat_template_kwargs, created_at=time.time(),
+            created_by=q.node)
+        self.offsets = OffsetIndex.load_or_build(
+            self.spec.prompts_path, self.run_dir / QUEUE_FOLDER / "prompts.offsets",
+            self.pin.prompts_lines, self.pin.prompts_size)
+        self.queue = QueueWorker.open(board, pin, self.run_dir, self.store.done,
+                                      self.journal.state, self._capacity, q.poll,
+                                      q.backup_after)
+        self.queue.close_open = self._close_for_commit
+        self.queue.uploaded = self._uploaded
+        self.queue.abandon = self._abandon
+        self.queue.next_batch = lambda: self.store.next_number
+
+    def _capacity(self) -> int:
+        return sum(s.limit for s in getattr(self, "servers", [])) or 1
+
+    async def _close_for_commit(self) -> int:
+        """A chunk is complete: the open batch closed (its lines may be there), so every line
+        of the chunk is in a closed batch; the batch number after the last closed one."""
+        async with self._store_lock:
+            closed = await asyncio.to_thread(self.store.close_open_batch)
+            self._closed([closed] if closed else [])
+            return self.store.next_number
+
+    async def _uploaded(self, names: list[str]) -> dict[str, Any]:
+        """Wait until each named batch is confirmed in S3; their upload records."""
+        up = self.uploader
+        assert up is not None
+        while True:
+            if all(n in up.uploaded for n in names):
+                return {n: up.uploaded[n] for n in names}
+            await up.wait_upload()
+
+    def _abandon(self, indices: list[int]) -> None:
+        """Another node committed the chunk: its requests still out are aborted."""
+        for i in indices:
+            task = self._req_tasks.get(i)
+            if task is not None:
+                task.cancel()
+
     def _limit_for(self, server: int) -> int:
         assert self.control is not None
         return max(0, min(self.control.concurrency.for_server(server), self.gen.max_concurrency))
@@ -261,6 +335,8 @@ class Engine:
         return last is None or last[0] == "requeued"
 
     def _attempt_for(self, index: int) -> int:
+        if self.queue is not None:
+            return self.queue.attempt(index)
         last = self.journal.state.last.get(index)
         if last is not None and last[0] == "requeued":
             return last[1]
@@ -282,6 +358,8 @@ class Engine:
             asyncio.create_task(self._hedge_loop(), name="hedge"),
             asyncio.create_task(self.autotune.run(), name="autotune"),
         ]
+        if self.queue is not None:
+            background.append(asyncio.create_task(self.queue.keep(), name="queue-keep"))
         if self.uploader is not None:
             background.append(asyncio.create_task(self.uploader.run(), name="uploader"))
             background.append(asyncio.create_task(self.uploader.journals_loop(),
@@ -291,7 +369,7 @@ class Engine:
                                                       name="reassign-watch"))
         self.status = "paused" if self.dispatcher.paused else "running"
         try:
-            await self._feed()
+            await (self._feed_queue() if self.queue is not None else self._feed())
             self._feed_over = True
             await self._finish()
         finally:
@@ -315,6 +393,8 @@ class Engine:
             self.store.close()
             self.journal.close()
             self.owner.close()
+            if self.queue is not None:
+                self.queue.close()
             if self.uploader:
                 self.uploader.close()
             if self._history is not None:
@@ -389,6 +469,70 @@ class Engine:
             if self._epoch == epoch and not self.stopping and not self._retry_tasks:
                 return
 
+    async def _feed_queue(self) -> None:
+        """A campaign node: chunk after chunk from the queue, each one's lines read by their
+        offsets; over once every chunk of the campaign is committed, or on stop."""
+        q = self.queue
+        assert q is not None
+        while not self.stopping:
+            work = await q.next_chunk(lambda: self.stopping)
+            if work is None:
+                break
+            todo, work.unsent = work.unsent, []
+            pos = 0
+            try:
+                for index, raw in self.offsets.read(self.spec.prompts_path, todo,
+                                                    self.gen.max_prompt_bytes):
+                    if self.stopping:
+                        return
+                    if work.lost or index not in work.todo or index in self._inflight:
+                        pos += 1
+                        continue
+                    server = await self.dispatcher.acquire()
+                    if server is None:
+                        return
+                    pos += 1
+                    if work.lost or index not in work.todo:
+                        await self.dispatcher.release(server)
+                        continue
+                    self._dispatch(index, raw, server, work.chunk.attempt)
+                    if pos % 256 == 0:
+                        await asyncio.sleep(0)
+            finally:
+                if pos < len(todo) and not work.lost:
+                    work.unsent = todo[pos:] + work.unsent
+        # Stopping, or the campaign is done: what is in flight ends, lines on disk.
+        while self._live and not self.stopping:
+            self._idle.clear()
+            await self._idle.wait()
+        await self._join_writer()
+
+    def _dispatch(self, index: int, raw: bytes | prompt_io.TooLong, server: Server,
+                  attempt: int) -> None:
+        """One line to a request on `server` (a slot already taken), or its bad_input."""
+        try:
+            prompt = prompt_io.parse_prompt(index, raw)
+        except prompt_io.BadPrompt as exc:
+            self._spawn(self._bad_input(index, exc, server, attempt))
+            return
+        self._inflight.add(index)
+        self._live += 1
+        task = asyncio.create_task(self._request(prompt, server, attempt))
+        self._tasks.add(task)
+        self._req_tasks[index] = task
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._request_over, index))
+
+    def _request_over(self, index: int, task: asyncio.Task[None]) -> None:
+        if self._req_tasks.get(index) is task:
+            del self._req_tasks[index]
+
+    async def _bad_input(self, index: int, exc: Exception, server: Server, attempt: int) -> None:
+        await self.dispatcher.release(server)
+        await self._journal([failed(index, "bad_input", f"line {index + 1}: {exc}", 0, None,
+                                    attempt, line=index + 1)])
+        log.warning("prompts line %d (index %d): bad_input: %s", index + 1, index, exc)
+
     async def _request(self, prompt: prompt_io.Prompt, server: Server | None, attempt: int) -> None:
         """One request to its end: its line queued for the writer, or `failed` journaled.
         Each try is a copy on a server, given up at its deadline (requeued, reason
@@ -404,6 +548,10 @@ class Engine:
                 tries += 1
                 assert self.control is not None
                 job.max_tokens = self.control.max_tokens
+                if self.queue is not None:
+                    # A retry generation runs at its own max_tokens when that is higher.
+                    job.max_tokens = max(job.max_tokens,
+                                         self.queue.max_tokens_for(prompt.index) or 0)
                 job.payload = build_request(prompt, self.spec.model_name, job.max_tokens,
                                             self.gen.sampling, self.gen.chat_template_kwargs)
                 self._send_copy(job, server, False)
@@ -576,6 +724,10 @@ class Engine:
             return
         if self.uploader is not None:
             self.uploader.journals_changed()
+        if self.queue is not None:
+            for ev in events:
+                if ev.event == "failed" and ev.index is not None:
+                    self.queue.resolved(ev.index, ev.attempt or 1)
 
     async def _join_writer(self) -> None:
         """Wait until every queued line is on disk (or dropped after a write failure)."""
@@ -598,14 +750,19 @@ class Engine:
                     q.task_done()
                 continue
             try:
-                closed = await asyncio.to_thread(self.store.write_group,
-                                                 [(i, a, raw) for i, a, raw, _, _ in group])
+                async with self._store_lock:
+                    closed = await asyncio.to_thread(self.store.write_group,
+                                                     [(i, a, raw) for i, a, raw, _, _ in group])
             except OSError as exc:
                 # A full disk, a failing device: the store cut the failed piece back to the
                 # last durable offset; what it committed before (a batch the group filled)
                 # counts. Stop; a resume redoes the rest.
                 done = self.store.done
-                self._count([g for g in group if done.has(g[0], g[1])])
+                kept = [g for g in group if done.has(g[0], g[1])]
+                self._count(kept)
+                if self.queue is not None:
+                    for i, a, _, _, _ in kept:
+                        self.queue.resolved(i, a)
                 self._counted_at = (self.store.next_number, self.store.open_lines)
                 self._closed(self.store.closed_in_failed_group)
                 for i, _, _, _, _ in group:
@@ -619,6 +776,9 @@ class Engine:
             self._count(group)
             self._counted_at = (self.store.next_number, self.store.open_lines)
             self._closed(closed)
+            if self.queue is not None:
+                for i, a, _, _, _ in group:
+                    self.queue.resolved(i, a)
             for _ in group:
                 q.task_done()
 
@@ -686,10 +846,29 @@ class Engine:
                     f"the journals are not yet in S3 ({self.uploader.last_error}); a resume "
                     "uploads them")
                 log.warning("journals not uploaded: %s", self.uploader.last_error)
+        if self.queue is not None:
+            await self._finish_queue()
         if self.writer_error is not None:
             self.status = "failed"
+        elif self.queue is not None and not self.stopping and not self.queue.finished:
+            self.status = "stopped"
         else:
             self.status = "stopped" if self.stopping else "done"
+
+    async def _finish_queue(self) -> None:
+        """A campaign node at its end: the commits under way land (unless S3 stays away
+        past the drain), and on a stop the leases of unfinished chunks are released, so
+        another node takes them at once rather than after their term."""
+        q = self.queue
+        assert q is not None
+        try:
+            await asyncio.wait_for(q.drain(), self.gen.drain_timeout_s)
+        except TimeoutError:
+            self.message = self.message or ("commits not yet in S3 "
+                                            f"({q.figures.s3_error}); a resume commits them")
+            log.warning("queue: %s", self.message)
+        if self.stopping:
+            await asyncio.to_thread(q.release_all)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -910,6 +1089,13 @@ class Engine:
         completed = len(self.store.done)
         failed_n = self._failed_count()
         total = self.owner.count(self.pin.prompts_lines)
+        queue = None
+        if self.queue is not None:
+            qs = self.queue.summary()
+            total = completed + failed_n + qs["to_do_here"]
+            assert self.spec.queue is not None
+            queue = QueueProgress(node=self.spec.queue.node, run_id=self.queue.board.me.run_id,
+                                  finished=self.queue.finished, **qs)
         up = self.uploader
         servers = dict(
             server_progress(s.number, s.url, s.state, s.in_flight, s.limit, s.completed, s.failed,
@@ -944,7 +1130,7 @@ class Engine:
             answers_by_limit=dict(t.answers_by_limit),
             truncated_by_limit=dict(t.truncated_by_limit),
             shard=self.shard.text if self.shard else None, campaign=self.spec.run.campaign,
-            ownership=self._ownership_summary(),
+            ownership=self._ownership_summary(), queue=queue,
         ))
 
     def _ownership_summary(self) -> OwnershipSummary | None:

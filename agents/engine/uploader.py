@@ -195,6 +195,10 @@ class Uploader:
         self._fence_key: str | None = None
         self._on_fenced: Callable[[], None] | None = None
         self._warned_no_checksum = False
+        # Where batches go under the prefix: a campaign node's own folder
+        # (`batches/NODE/RUN_ID/`), else the prefix itself.
+        self.key_prefix = spec.prefix
+        self._uploaded_event = asyncio.Event()
 
     def recover(self, closed: list[Path]) -> int:
         """Read uploads.jsonl; queue every closed batch not confirmed there."""
@@ -227,7 +231,12 @@ class Uploader:
         return self._pending
 
     def key_for(self, path: Path) -> str:
-        return f"{self.spec.prefix}{path.name}"
+        return f"{self.key_prefix}{path.name}"
+
+    async def wait_upload(self) -> None:
+        """Until the next batch is confirmed in S3."""
+        self._uploaded_event.clear()
+        await self._uploaded_event.wait()
 
     def fence(self, key: str, on_fenced: Callable[[], None]) -> None:
         """Before every put, look for `key` (this shard's reassign record): once it exists,
@@ -326,6 +335,7 @@ class Uploader:
             if self._queue.empty():
                 self.last_error = None
             self._pending -= 1
+            self._uploaded_event.set()
             self.journals_changed()
             log.info("uploaded %s (%d bytes) to s3://%s/%s", rec.batch, rec.size,
                      rec.bucket, rec.key)

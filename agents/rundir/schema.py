@@ -236,6 +236,25 @@ class Progress(msgspec.Struct):
     shard: str | None = None
     campaign: str | None = None
     ownership: OwnershipSummary | None = None
+    # A campaign node (a [queue] run): the campaign's chunks as this node last listed them,
+    # what it holds and committed; `total` is then what it did and holds.
+    queue: QueueProgress | None = None
+
+
+class QueueProgress(msgspec.Struct):
+    node: str
+    run_id: str
+    generation: int = 0
+    chunks: int = 0
+    committed: int = 0
+    committed_here: int = 0
+    lost: int = 0  # commits refused: another node committed the chunk first
+    held: list[str] = msgspec.field(default_factory=list)
+    backups: int = 0
+    taken_over: int = 0
+    to_do_here: int = 0
+    finished: bool = False
+    s3_error: str | None = None
 
 
 class OwnershipMove(msgspec.Struct, omit_defaults=True):

@@ -170,6 +170,30 @@ class S3Section(msgspec.Struct, forbid_unknown_fields=True):
     region: str | None = None
 
 
+class QueueSection(msgspec.Struct, forbid_unknown_fields=True):
+    """A campaign node: its work leased chunk by chunk from the campaign's S3 prefix
+    (agents/queue). `fleetdeck launch CAMPAIGN` sets `node`."""
+
+    node: str
+    chunk_size: int = 1000
+    lease_s: float = 1200.0
+    # A lease is judged expired this long after its term (on the store's clock): margin for
+    # a holder whose renewal is slow to land. Default: a tenth of the term, at most 60 s.
+    skew_s: float | None = None
+    # An idle node backs up a running chunk older than this many times the median chunk time.
+    backup_after: float = 2.0
+    # How often a node with nothing to claim looks at the queue again (at most lease_s / 4).
+    poll_s: float = 30.0
+
+    @property
+    def skew(self) -> float:
+        return self.skew_s if self.skew_s is not None else min(60.0, self.lease_s / 10)
+
+    @property
+    def poll(self) -> float:
+        return min(self.poll_s, self.lease_s / 4)
+
+
 class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     """[train]: a DFlash drafter trained on completion batches (see docs/trainer.md).
 
@@ -243,6 +267,7 @@ class RunSpec(msgspec.Struct, forbid_unknown_fields=True):
     s3: S3Section | None = None
     alerts: AlertsSection = msgspec.field(default_factory=AlertsSection)
     train: TrainSection | None = None
+    queue: QueueSection | None = None
     # Where the file was read from; relative paths in it are relative to its folder.
     source: str = ""
 
@@ -328,6 +353,28 @@ def _check(spec: RunSpec, path: Path) -> None:
         if spec.s3 is None:
             fail("[generate] shard", "a shard of a campaign needs [s3]: every node writes to "
                  "one S3 prefix, where the union is verified")
+    if spec.queue is not None:
+        q = spec.queue
+        if spec.s3 is None:
+            fail("[queue]", "a campaign node needs [s3]: the queue lives in the campaign's "
+                 "S3 prefix")
+        if spec.run.kind != "generate":
+            fail("[queue]", "only a generate run takes its work from a queue")
+        node_bad = name_problem(q.node)
+        if node_bad is not None:
+            fail("[queue] node", f"{q.node!r} {node_bad}")
+        if not 1 <= q.chunk_size <= 1_000_000:
+            fail("[queue] chunk_size", f"{q.chunk_size}: must be 1..1000000")
+        if not 2.0 <= q.lease_s <= 86400.0:
+            fail("[queue] lease_s", f"{q.lease_s}: must be 2..86400 seconds")
+        if q.skew_s is not None and not 0.0 <= q.skew_s <= q.lease_s:
+            fail("[queue] skew_s", f"{q.skew_s}: must be 0..lease_s ({q.lease_s})")
+        if not q.backup_after >= 1.0:
+            fail("[queue] backup_after", f"{q.backup_after}: must be at least 1")
+        if not q.poll_s > 0:
+            fail("[queue] poll_s", f"{q.poll_s}: must be above 0")
+        if spec.generate is not None and spec.generate.shard is not None:
+            fail("[queue]", "a queue node takes no [generate] shard")
     name_bad = name_problem(spec.run.name)
     if name_bad is not None:
         fail("[run] name", f"{spec.run.name!r} {name_bad}")
