@@ -53,17 +53,23 @@ def precondition_failed(exc: Exception) -> bool:
     return code in ("PreconditionFailed", "412") or status == 412
 
 
-def make_s3_client(spec: S3Section, timeout_s: float = 30.0) -> Any:
+# How long one S3 call may wait for an answer (a node cut off waits this long per try).
+S3_TIMEOUT_S = float(os.environ.get("FLEETDECK_S3_TIMEOUT_S", "30"))
+
+
+def make_s3_client(spec: S3Section, timeout_s: float | None = None) -> Any:
     import boto3
     from botocore.config import Config
+
+    timeout_s = S3_TIMEOUT_S if timeout_s is None else timeout_s
 
     session = boto3.session.Session(profile_name=spec.profile or None)
     return session.client(
         "s3",
         endpoint_url=spec.endpoint_url,
         region_name=spec.region or session.region_name or "us-east-1",
-        config=Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5,
-                      read_timeout=timeout_s),
+        config=Config(retries={"max_attempts": 2, "mode": "standard"},
+                      connect_timeout=min(5.0, timeout_s), read_timeout=timeout_s),
     )
 
 

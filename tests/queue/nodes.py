@@ -13,8 +13,6 @@ from tests.engine.runs import EngineProc, start_engine, write_spec
 from tests.servers.s3 import S3Server
 from tests.simserver import FAST_ARGS, SimHandle, start_sim
 
-PREFIX = "campaigns/test/"
-
 
 @dataclass
 class Node:
@@ -50,6 +48,11 @@ class Node:
             s.kill()
 
 
+def prefix_for(root: Path) -> str:
+    """A test's own campaign prefix (tests share one SeaweedFS)."""
+    return f"campaigns/{root.name}/"
+
+
 def make_node(root: Path, name: str, prompts: Path, s3: S3Server, sims: int = 2,
               time_scale: float = 0.001, endpoint: str | None = None, lease_s: float = 20.0,
               chunk_size: int = 50, **generate: Any) -> Node:
@@ -60,7 +63,7 @@ def make_node(root: Path, name: str, prompts: Path, s3: S3Server, sims: int = 2,
     handles = [start_sim(folder, *args, name=f"sim{k}") for k in range(sims)]
     spec = write_spec(folder / "run.toml", prompts, [h.url for h in handles], s3=s3,
                       **generate)
-    text = spec.read_text().replace('prefix = "runs/test/"', f'prefix = "{PREFIX}"')
+    text = spec.read_text().replace('prefix = "runs/test/"', f'prefix = "{prefix_for(root)}"')
     if endpoint is not None:
         text = text.replace(f'endpoint_url = "{s3.endpoint_url}"', f'endpoint_url = "{endpoint}"')
     text = text.replace('name = "test-run"', f'name = "{name}"\ncampaign = "test"')
@@ -70,5 +73,5 @@ def make_node(root: Path, name: str, prompts: Path, s3: S3Server, sims: int = 2,
     return Node(name, folder, spec, handles)
 
 
-def check(s3: S3Server, deep: float = 1.0) -> Verdict:
-    return verify(s3.client(), s3.bucket, PREFIX, deep=deep, seed=0)
+def check(s3: S3Server, prefix: str, deep: float = 1.0) -> Verdict:
+    return verify(s3.client(), s3.bucket, prefix, deep=deep, seed=0)

@@ -1,0 +1,213 @@
+"""One queue for many nodes, end to end: real engines (processes) on one campaign prefix in
+the real SeaweedFS, each with its own simulators. Whatever happens to a node (killed, cut off
+from S3, added late, slow at the tail) or to S3 itself, every index of the prompt set is
+committed exactly once, done or failed, and verify proves it from the commits."""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.queue.board import Board, Me
+from agents.queue.layout import Layout
+from agents.queue.union import read_union
+from tests.engine.runs import write_prompts
+from tests.queue.nodes import Node, check, make_node, prefix_for
+from tests.servers.lax_s3 import start_lax_s3
+from tests.servers.ports import wait_until
+from tests.servers.s3 import S3Server, start_s3
+from tests.servers.tcp_front import start_tcp_front
+
+# Every wait is for a condition; these bound it on a loaded 2-core machine.
+RUN_S = 240.0
+ENV = {"FLEETDECK_S3_TIMEOUT_S": "3", "FLEETDECK_JOURNAL_INTERVAL_S": "1"}
+
+
+@pytest.fixture
+def own_s3() -> Iterator[S3Server]:
+    with tempfile.TemporaryDirectory(prefix="fd-q3-") as d:
+        s3 = start_s3(Path(d))
+        try:
+            yield s3
+        finally:
+            s3.kill()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[list[Node]]:
+    nodes: list[Node] = []
+    yield nodes
+    for n in nodes:
+        n.stop()
+
+
+def _env(s3: S3Server) -> dict[str, str]:
+    return {**s3.env(), **ENV}
+
+
+def _queue(n: Node) -> dict[str, Any]:
+    p = n.progress() or {}
+    return p.get("queue") or {}
+
+
+def _finish(nodes: list[Node]) -> None:
+    for n in nodes:
+        assert n.engine is not None
+        rc = n.engine.wait(RUN_S)
+        assert rc == 0, f"{n.name} exited {rc}:\n{n.logs()}"
+        assert _queue(n).get("finished"), n.logs()
+
+
+def _commits_by_node(s3: S3Server, prefix: str) -> Counter[str]:
+    u = read_union(s3.client(), s3.bucket, prefix)
+    return Counter(c.node for g in u.commits.values() for c in g.values())
+
+
+def _exactly_once(s3: S3Server, prefix: str, lines: int) -> None:
+    v = check(s3, prefix, deep=1.0)
+    assert v.ok, v.problems
+    assert v.done + v.failed == lines and v.committed == v.chunks
+
+
+def test_six_nodes_uneven_one_killed_mid_chunk_one_added_late(
+        tmp_path: Path, queue_s3: S3Server, fleet: list[Node]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    bad = write_prompts(prompts, 900, bad_every=101)
+    # Seconds per answer, about: the campaign lasts long enough for a node to join it.
+    scales = [0.5, 0.7, 3.0, 0.6, 0.8]
+    fleet += [make_node(tmp_path, f"n{k}", prompts, queue_s3, sims=1, time_scale=s,
+                        lease_s=6.0, chunk_size=30) for k, s in enumerate(scales)]
+    late = make_node(tmp_path, "n5", prompts, queue_s3, sims=1, time_scale=0.5, lease_s=6.0,
+                     chunk_size=30)
+    env = _env(queue_s3)
+    for n in fleet:
+        n.start(env)
+    fleet.append(late)
+    slow = fleet[2]
+    # Killed mid-chunk: it holds a chunk and has written some of its lines.
+    wait_until(lambda: _queue(slow).get("held") and (slow.progress() or {}).get("completed", 0)
+               >= 5, RUN_S, "the slow node holds a chunk, part done")
+    held = list(_queue(slow)["held"])
+    assert slow.engine is not None
+    slow.engine.kill()
+    # Added mid-run: it claims work at once.
+    assert (slow.progress() or {})["queue"]["committed"] < 30 // 2, "the campaign ran too fast"
+    late.start(env)
+    wait_until(lambda: _queue(late).get("committed_here", 0) >= 1, RUN_S,
+               "the node added mid-run commits a chunk")
+    alive = [n for n in fleet if n is not slow]
+    assert all(n.engine is not None for n in alive)
+    _finish(alive)
+    _exactly_once(queue_s3, prefix_for(tmp_path), 900)
+    u = read_union(queue_s3.client(), queue_s3.bucket, prefix_for(tmp_path))
+    # The chunk the killed node held was taken over past its term and committed by another.
+    for name in held:
+        c = u.commits[0][int(name)]
+        assert c.node != "n2" and c.epoch >= 2, (name, c.node, c.epoch)
+    assert sum(_queue(n).get("taken_over", 0) for n in alive) >= len(held)
+    failed = {i for g in u.commits.values() for c in g.values()
+              for a, b in c.failed for i in range(a, b)}
+    assert failed == bad  # the malformed lines, and nothing else, failed
+    assert _commits_by_node(queue_s3, prefix_for(tmp_path))["n5"] >= 1
+
+
+def test_a_node_cut_off_from_s3_past_its_lease_keeps_working_and_its_late_commit_is_refused(
+        tmp_path: Path, own_s3: S3Server, fleet: list[Node]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 120)
+    front = start_tcp_front(own_s3.endpoint_url)
+    try:
+        cut = make_node(tmp_path, "cut", prompts, own_s3, sims=1, time_scale=0.3,
+                        endpoint=front.url, lease_s=4.0, chunk_size=40,
+                        concurrency_per_server=4)
+        other = make_node(tmp_path, "other", prompts, own_s3, sims=1, time_scale=0.002,
+                          lease_s=4.0, chunk_size=40)
+        fleet += [cut, other]
+        env = _env(own_s3)
+        cut.start(env)
+        wait_until(lambda: bool(_queue(cut).get("held")), RUN_S, "the node holds a chunk")
+        held = int(_queue(cut)["held"][0])
+        front.blackhole()
+        other.start(env)
+        board = Board(own_s3.client(), own_s3.bucket, prefix_for(tmp_path), Me("t", "t"), 4.0,
+                      0.0)
+        key = Layout(prefix_for(tmp_path)).commit(0, held)
+
+        def committed_by_other() -> bool:
+            c = board.read_commit(0, held)
+            return c is not None and c.node == "other"
+
+        wait_until(committed_by_other, RUN_S, f"the other node takes over {key} and commits it")
+        # Cut off all along, the node went on generating its chunk.
+        wait_until(lambda: (cut.progress() or {}).get("completed", 0) >= 20, RUN_S,
+                   "the cut-off node keeps generating")
+        front.restore()
+        _finish([cut, other])
+        assert _queue(cut)["lost"] >= 1, cut.logs()
+        assert "commit refused, other" in cut.logs()
+        _exactly_once(own_s3, prefix_for(tmp_path), 120)
+        assert board.read_commit(0, held).node == "other"  # type: ignore[union-attr]
+    finally:
+        front.close()
+
+
+def test_the_tail_gets_a_backup_and_the_first_commit_wins(
+        tmp_path: Path, queue_s3: S3Server, fleet: list[Node]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 200)
+    fleet += [make_node(tmp_path, f"b{k}", prompts, queue_s3, sims=1, time_scale=s,
+                        lease_s=60.0, chunk_size=20, concurrency_per_server=4)
+              for k, s in enumerate([0.002, 0.002, 2.0])]
+    env = _env(queue_s3)
+    for n in fleet:
+        n.start(env)
+    _finish(fleet)
+    _exactly_once(queue_s3, prefix_for(tmp_path), 200)
+    slow = fleet[2]
+    assert sum(_queue(n).get("backups", 0) for n in fleet[:2]) >= 1, [n.logs() for n in fleet]
+    # The slow node's chunk went to its backup: it lost the commit or dropped the chunk.
+    assert _queue(slow).get("lost", 0) >= 1 or "committed by another node" in slow.logs()
+
+
+def test_s3_killed_and_restarted_mid_run(tmp_path: Path, own_s3: S3Server,
+                                         fleet: list[Node]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 300)
+    fleet += [make_node(tmp_path, f"s{k}", prompts, own_s3, sims=1, time_scale=0.05,
+                        lease_s=20.0, chunk_size=30) for k in range(2)]
+    env = _env(own_s3)
+    for n in fleet:
+        n.start(env)
+    wait_until(lambda: sum(_queue(n).get("committed_here", 0) for n in fleet) >= 1, RUN_S,
+               "a first commit")
+    own_s3.kill()
+    wait_until(lambda: any((n.progress() or {}).get("completed", 0) > 0 and
+                           (_queue(n).get("s3_error") or (n.progress() or {}).get("s3_error"))
+                           for n in fleet), RUN_S, "a node notices S3 is gone")
+    own_s3.start()
+    _finish(fleet)
+    _exactly_once(own_s3, prefix_for(tmp_path), 300)
+
+
+def test_a_store_that_ignores_conditional_writes_is_refused_at_start(
+        tmp_path: Path, queue_s3: S3Server, fleet: list[Node]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 20)
+    lax = start_lax_s3(queue_s3.endpoint_url, queue_s3.access_key, queue_s3.secret_key)
+    try:
+        node = make_node(tmp_path, "lax", prompts, queue_s3, sims=1, endpoint=lax.url)
+        fleet.append(node)
+        engine = node.start(_env(queue_s3))
+        assert engine.wait(RUN_S) != 0
+        out = engine.stderr()
+        assert f"the S3 store at {lax.url} (bucket {queue_s3.bucket!r}) ignores If-None-Match" \
+            in out, out
+        assert not (node.run_dir / "completions").exists() or \
+            not any((node.run_dir / "completions").glob("*.jsonl"))
+    finally:
+        lax.close()
