@@ -67,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except headless.FleetError as exc:
         print(str(exc), file=sys.stderr)
         return headless.EXIT_USAGE
-    return headless.run_async(runner(fleet, args))
+    # A campaign's name where a node's goes: the campaign's own verbs (console/queue).
+    from console.queue.verbs import for_campaign
+
+    return headless.run_async(for_campaign(fleet, args, runner)(fleet, args))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check, rebalance and
-resume-from-s3. Registered on the headless parser."""
+"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check and resume-from-s3.
+Registered on the headless parser."""
 
 from __future__ import annotations
 
@@ -30,14 +30,6 @@ def add(sub: Any) -> None:
     p.add_argument("--to", default=None, help="pull folder (default: [console] pull_dir)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(runner=decommission.cmd_decommission_check)
-
-    from console import campaign_verify
-
-    campaign_verify.add(sub)
-
-    from console import campaign_rebalance
-
-    campaign_rebalance.add(sub)
 
     from console import resume_from_s3
 

@@ -17,11 +17,10 @@
     spec = "/data/runs/qwen-traces.toml"    # what `launch` starts
     cost_per_gpu_hour = 2.49                # what the console shows, over the run's own
 
-    [[campaigns]]                           # one run across nodes (issue 15)
+    [[campaigns]]                           # one run across nodes: one queue in S3
     name = "traces-10m"
-    nodes = ["gen-1", "gen-2"]              # shard K/N: K = the position here, N = the count
+    nodes = ["gen-1", "gen-2"]              # each takes chunks of work under its own name
     spec = "/data/runs/traces.toml"         # on each node; a node's own `spec` wins
-    rebalance = "off"                       # or "auto"
 """
 
 from __future__ import annotations
@@ -84,26 +83,22 @@ class ConsoleSettings(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Campaign(msgspec.Struct, forbid_unknown_fields=True):
-    """One run across nodes: a generation campaign gives node K of N the shard K/N of one
-    prompt set; a training campaign makes them ranks of one torchrun job. Its role is its
-    nodes' (all generate or all train), never written here."""
+    """One run across nodes: a generation campaign's nodes take their work from one queue in
+    the campaign's S3 prefix (agents/queue), each under its own name; a training campaign
+    makes them ranks of one torchrun job. Its role is its nodes' (all generate or all train),
+    never written here."""
 
     name: str
     nodes: list[str]
     spec: str | None = None  # the run spec on each node; a node's own `spec` wins
-    rebalance: Literal["off", "auto"] = "off"
 
     def position(self, node: str) -> int:
-        """K: the node's place in the campaign (its shard K/N, its rank)."""
+        """K: the node's place in the campaign (a training campaign's rank)."""
         try:
             return self.nodes.index(node)
         except ValueError:
             raise FleetError(f"campaign {self.name!r}: {node!r} is not one of its nodes "
                              f"({', '.join(self.nodes)})") from None
-
-    def shard(self, node: str) -> str:
-        """`K/N`, as the agent's `launch` takes it."""
-        return f"{self.position(node)}/{len(self.nodes)}"
 
     def spec_for(self, node: Node) -> str | None:
         return node.spec or self.spec
@@ -234,11 +229,11 @@ def check_campaigns(fleet: Fleet, source: str) -> None:
                 known = ", ".join(nodes) or "none"
                 raise FleetError(f"{where}: key nodes: no node named {name!r} (nodes: {known})")
             if name in seen:
-                raise FleetError(f"{where}: key nodes: {name!r} is named twice (one shard each)")
+                raise FleetError(f"{where}: key nodes: {name!r} is named twice (once each)")
             seen.add(name)
             if name in owner:
                 raise FleetError(f"{where}: key nodes: {name!r} is already in campaign "
-                                 f"{owner[name]!r} (a node runs one campaign's shard)")
+                                 f"{owner[name]!r} (a node runs for one campaign)")
             owner[name] = c.name
         roles = {nodes[n].role for n in c.nodes}
         if len(roles) > 1:

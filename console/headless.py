@@ -17,7 +17,6 @@ import msgspec
 from agents.rpc.protocol import INVALID_PARAMS, RpcError
 from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import ServerStatus, Snapshot
-from console import campaign as rollup
 from console.actions import BY_ID
 from console.fleet import Fleet, FleetError, Node, load_fleet
 from console.linkstate import LinkState
@@ -158,10 +157,6 @@ async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
     if target is not None and args.node is not None:
         say(f"fleetdeck status: give {target} or --node {args.node}, not both")
         return EXIT_USAGE
-    if target is not None and fleet.has_campaign(target):
-        from console.campaign_verbs import cmd_campaign_status
-
-        return await cmd_campaign_status(fleet, fleet.campaign(target), args)
     name = target or args.node
     nodes = [fleet.node(name)] if name else fleet.nodes
     if not nodes:
@@ -170,6 +165,8 @@ async def cmd_status(fleet: Fleet, args: argparse.Namespace) -> int:
     while True:
         entries = await status_once(fleet, nodes, args.accept_new_host_key)
         # The whole fleet: each campaign's roll-up first (one run, one ETA), then the nodes.
+        from console.queue import rollup
+
         rollups = [rollup.roll_up(fleet, c, [rollup.Member(e.node, e.link, e.snapshot, e.error)
                                              for e in entries if e.node in c.nodes])
                    for c in fleet.campaigns] if name is None else []
@@ -213,10 +210,6 @@ VERB_PARAMS: dict[str, Any] = {
 
 
 async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
-    if fleet.has_campaign(args.node_name):
-        from console.campaign_verbs import cmd_campaign_verb
-
-        return await cmd_campaign_verb(fleet, args)
     method = args.method
     action = BY_ID.get(method)
     if action is not None and action.dangerous:
@@ -280,8 +273,11 @@ def add_verbs(sub: Any) -> None:
         return p
 
     p = verb("launch", "launch", "start the run on NODE (its spec, or --spec PATH on the node); "
-             "on a CAMPAIGN every node's shard, after a check round on all of them")
+             "on a CAMPAIGN every node not yet running it, after a check round on them (a node "
+             "added to the campaign joins a running one this way)")
     p.add_argument("--spec", default=None)
+    p.add_argument("--only", action="append", default=None, metavar="NODE",
+                   help="a CAMPAIGN: launch only this node (repeatable)")
     p = verb("stop", "stop", "drain and stop the job (servers stay)")
     p.add_argument("--servers", action="store_true")
     verb("down", "down", "stop job, servers and supervisor")
@@ -294,8 +290,12 @@ def add_verbs(sub: Any) -> None:
     p.add_argument("--server", type=int, default=None)
     p = verb("max-tokens", "max_tokens", "max tokens for new requests")
     p.add_argument("value", type=int)
-    p = verb("retry", "retry", "re-queue failed or truncated indices")
+    p = verb("retry", "retry", "re-queue failed or truncated indices; on a generation "
+             "CAMPAIGN a new generation over the indices its commits mark so, which every "
+             "node runs")
     p.add_argument("what", choices=["failed", "truncated"])
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="a CAMPAIGN: the new generation's max_tokens (else each node's)")
     p = verb("restart-server", "restart_server", "restart one server")
     p.add_argument("server", type=int)
     p = verb("logs", "logs", "tail a log (generate, supervisor, sglang_gpuN)")
@@ -303,7 +303,11 @@ def add_verbs(sub: Any) -> None:
     p.add_argument("-n", type=int, default=50)
     p = verb("samples", "samples", "the latest completions")
     p.add_argument("-n", type=int, default=5)
-    verb("verify", "verify", "check S3 and the counts on the node")
+    p = verb("verify", "verify", "check S3 and the counts on the node; a CAMPAIGN: the proof "
+             "from its commits (every index committed once, every named batch's checksum)")
+    p.add_argument("--deep", type=float, default=0.0, metavar="SHARE",
+                   help="a CAMPAIGN: also read this share (0..1) of the batch bodies")
+    p.add_argument("--json", action="store_true")
     p = verb("export", "export", "a training node: write the drafter's serving folder "
              "(RUN_DIR/export) as a job; its log is `logs NODE export`")
     p.add_argument("--checkpoint", choices=["best", "latest"], default="best")

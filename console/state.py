@@ -48,6 +48,8 @@ class FleetState:
         self.nodes: dict[str, NodeState] = {n.name: NodeState(n) for n in fleet.nodes}
         self.on_new_alert = on_new_alert
         self.version = 0  # bumped on every change, for cheap redraw checks
+        # Per campaign: the nodes whose given-back record its queue holds (queue_status).
+        self.given_back: dict[str, set[str]] = {}
 
     def apply(self, name: str, raw: dict[str, Any] | bytes) -> Snapshot | None:
         state = self.nodes.get(name)

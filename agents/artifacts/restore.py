@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from agents.artifacts.campaign_prefix import BatchObject, get_text, list_batches, s3_url
+from agents.artifacts.s3prefix import BatchObject, get_text, list_batches, s3_url
 from agents.engine import prompts as prompt_io
 from agents.engine.journal import Journal
 from agents.engine.pin import PIN_FILE, pin_key, read_s3_pin, spec_problem
@@ -83,27 +83,27 @@ def restore_run_dir(spec: RunSpec, retry_failed: bool = False) -> Restored:
     if s3 is None:
         raise RestoreRefused(f"{spec.source}: no [s3]: resume-from-s3 rebuilds a run from its "
                              "S3 prefix; a run without one cannot be resumed off its disk")
-    if spec.shard is not None:
-        raise RestoreRefused(f"{spec.source}: [generate] shard {spec.shard.text}: a campaign "
-                             "shard whose node is lost is moved with `reassign`; "
-                             "resume-from-s3 rebuilds a single-node run")
+    if spec.queue is not None:
+        raise RestoreRefused(f"{spec.source}: [queue] node {spec.queue.node!r}: a campaign node "
+                             "needs no restore: what it committed is the campaign's, and the "
+                             "chunks it held are taken over once their leases expire; launch "
+                             "it again on a fresh run dir and it claims work at once")
     run_dir = spec.run_dir
     _refuse_present(run_dir)
     try:
         client = make_s3_client(s3)
-        pin = read_s3_pin(client, s3, None)
+        pin = read_s3_pin(client, s3)
         if pin is None:
             raise RestoreRefused(
-                f"{s3_url(s3, pin_key(s3, None))}: no pin: nothing under {s3_url(s3)} says "
+                f"{s3_url(s3, pin_key(s3))}: no pin: nothing under {s3_url(s3)} says "
                 "which prompts its indices mean (a run started before pins were uploaded, or "
                 "another prefix); nothing restored")
-        local_pin = _check_prompts(spec, pin, s3_url(s3, pin_key(s3, None)))
+        local_pin = _check_prompts(spec, pin, s3_url(s3, pin_key(s3)))
         objects, odd = list_batches(client, s3)
-        sharded = [o.key for o in objects if o.name.shard is not None]
-        if sharded or odd:
-            raise RestoreRefused(f"{s3_url(s3)} holds batches of a campaign shard or of no "
-                                 f"run ({', '.join((sharded + odd)[:3])}): not one "
-                                 "single-node run's prefix; nothing restored")
+        if odd:
+            raise RestoreRefused(f"{s3_url(s3)} holds objects named like batches of no run "
+                                 f"({', '.join(odd[:3])}): not one single-node run's prefix; "
+                                 "nothing restored")
         closed = [o for o in objects if not o.name.open]
         failures = get_text(client, s3, journal_key(s3, RUN_FOLDER, "failures.jsonl"))
         staging = run_dir.parent / f".{run_dir.name}.from-s3.tmp"

@@ -35,7 +35,7 @@ import msgspec
 
 from agents.engine.store import parse_done_line
 from agents.engine.uploader import head_sha256, make_s3_client
-from agents.rundir.batchnames import PARTIAL, batch_files, in_shard
+from agents.rundir.batchnames import PARTIAL, batch_files
 from agents.rundir.batchscan import BatchScan, KeySet, ranges_text, scan_batch, spans
 from agents.rundir.schema import (
     UploadRecord,
@@ -44,7 +44,6 @@ from agents.rundir.schema import (
     VerifyReport,
     upload_decoder,
 )
-from agents.rundir.shard import Shard, parse_shard
 from agents.rundir.spec import S3Section, SpecError, load_run_spec
 
 MiB = 1 << 20
@@ -162,9 +161,9 @@ class Verifier:
         self.run_dir = run_dir
         self.comp = run_dir / "completions"
         self.kind, self.spec = run_facts(run_dir)
-        # A shard of a campaign shares its S3 prefix with every other shard: only its own
-        # batches there are its own (batchnames.in_shard); run.pin.json says which it is.
-        self.shard = self.pinned_shard()
+        # A campaign node shares its S3 prefix with every other node: its own batches are
+        # under `batches/NODE/RUN_ID/` (agents/queue/layout.py).
+        self.list_prefix = self.own_prefix()
         self.progress: dict[str, Any] = {}
         self.done = KeySet()
         self.lines = KeySet()
@@ -266,12 +265,10 @@ class Verifier:
         try:
             client = make_s3_client(spec)
             pages = client.get_paginator("list_objects_v2").paginate(
-                Bucket=spec.bucket, Prefix=spec.prefix)
+                Bucket=spec.bucket, Prefix=self.list_prefix)
             for page in pages:
                 for obj in page.get("Contents", []):
-                    name = obj["Key"][len(spec.prefix):]
-                    if self.shard is not None and not in_shard(name, self.shard):
-                        continue  # another shard's batch, or the campaign's journals
+                    name = obj["Key"][len(self.list_prefix):]
                     if name.startswith("journals/"):
                         continue  # the run's pin and failures.jsonl: not batches, not extra
                     self.objects[obj["Key"]] = S3Object(obj["Size"], obj["ETag"].strip('"'))
@@ -296,7 +293,7 @@ class Verifier:
             self.s3_error = f"s3://{spec.bucket}/{spec.prefix}: {exc}"
 
     def scan(self, check: Check) -> None:
-        for path in batch_files(self.comp, which=self.shard):
+        for path in batch_files(self.comp):
             is_open = path.name.endswith(PARTIAL)
             try:
                 scan = scan_batch(path, self.lines, self.part_sizes.get(path.name, []),
@@ -388,7 +385,7 @@ class Verifier:
                              f"{obj.sha256}; uploads.jsonl says size {rec.size}, SHA-256 "
                              f"{rec.sha256}")
         later = {rec.key for rec in self.records_after.values()}
-        pending = {f"{self.spec.prefix}{name}" for name in self.uploads_pending}
+        pending = {f"{self.list_prefix}{name}" for name in self.uploads_pending}
         for key in sorted(set(self.objects) - expected):
             if self.live and (key in later or key in pending):
                 self.objects_in_flight.append(key)  # put, its record being written
@@ -399,20 +396,23 @@ class Verifier:
             pass  # batches close and go up while verify reads: each is judged above
         elif len(self.scans) != len(self.objects):
             listing.fail(f"{len(self.scans)} closed batch files but {len(self.objects)} "
-                         f"objects under s3://{self.spec.bucket}/{self.spec.prefix}")
+                         f"objects under s3://{self.spec.bucket}/{self.list_prefix}")
         objects.summary = objects_summary(len(self.records) - by_etag, by_etag)
         listing.summary = (f"{len(self.objects)} objects under s3://{self.spec.bucket}/"
-                           f"{self.spec.prefix} = {len(self.scans)} closed batch files")
+                           f"{self.list_prefix} = {len(self.scans)} closed batch files")
 
-    def pinned_shard(self) -> Shard | None:
+    def own_prefix(self) -> str:
+        """Where this run's batches are in S3: the prefix, or a campaign node's own folder."""
+        if self.spec is None:
+            return ""
         try:
-            text = json.loads((self.run_dir / "run.pin.json").read_bytes()).get("shard")
-        except (OSError, ValueError, AttributeError):
-            return None
-        try:
-            return parse_shard(text, f"{self.run_dir / 'run.pin.json'}: shard") if text else None
-        except ValueError as exc:
-            raise VerifyError(str(exc)) from None
+            node = str(tomllib.loads((self.run_dir / "run.toml").read_text())["queue"]["node"])
+            run_id = json.loads((self.run_dir / "queue" / "member.json").read_bytes())["run_id"]
+        except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError):
+            return self.spec.prefix
+        from agents.queue.layout import Layout
+
+        return Layout(self.spec.prefix).batches(node, str(run_id))
 
     def prompts_lines(self) -> int | None:
         try:

@@ -48,14 +48,18 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_verify)
 
-    p = sub.add_parser("verify-union", help="a campaign's union from its S3 prefix: every "
-                       "index owned by one shard, done once or failed (exit 1 when not)")
+    p = sub.add_parser("queue", help="a campaign node's queue, from its run dir's [s3]: "
+                       "status, verify (from the commits), retry, give-back")
+    p.add_argument("what", choices=("status", "verify", "retry", "give-back"))
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--shards", type=int, default=None, help="N (default: this run's pin)")
-    p.add_argument("--prompts-lines", type=int, default=None,
-                   help="lines of the prompts file (default: this run's pin)")
+    p.add_argument("--deep", type=float, default=0.0,
+                   help="verify: also read this share (0..1) of the batch bodies")
+    p.add_argument("--retry", choices=("failed", "truncated"), default="truncated",
+                   help="retry: which indices the new generation redoes")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="retry: the new generation's max_tokens")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=cmd_verify_union)
+    p.set_defaults(handler=cmd_queue)
 
 
 def status_bytes(run_dir: Path) -> bytes | None:
@@ -208,26 +212,37 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_CHECK
 
 
-def cmd_verify_union(args: argparse.Namespace) -> int:
-    from agents.artifacts.union import union_report
-    from agents.artifacts.verify import VerifyError
+def cmd_queue(args: argparse.Namespace) -> int:
+    """`queue status|verify|retry|give-back RUN_DIR`: the campaign's queue as this node sees
+    it (exit 1 when verify fails or a give-back is refused)."""
+    from agents.queue import node
+    from agents.queue.retry import RetryRefused
 
+    run_dir = args.run_dir.resolve()
     try:
-        report = union_report(args.run_dir.resolve(), args.shards, args.prompts_lines)
-    except VerifyError as exc:
-        return usage_error("verify-union", exc)
-    if args.json:
-        sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
+        if args.what == "status":
+            out: Any = node.status(run_dir)
+        elif args.what == "verify":
+            out = node.verify_report(run_dir, args.deep)
+        elif args.what == "retry":
+            out = node.retry(run_dir, args.retry, args.max_tokens, "fleetdeck-agent")
+        else:
+            out = node.give_back(run_dir)
+    except (node.NotAQueueRun, RetryRefused, ValueError) as exc:
+        return usage_error(f"queue {args.what}", exc) if args.what != "give-back" else \
+            _refused(exc)
+    if args.json or args.what == "status":
+        sys.stdout.buffer.write(msgspec.json.encode(out) + b"\n")
     else:
-        for check in report.checks:
-            print(f"{'ok  ' if check.ok else 'FAIL'}  {check.name}: {check.detail}")
-        for s in report.shards:
-            print(f"shard {s.shard}: {s.done} done, {s.failed} failed of {s.owned} owned, "
-                  f"{s.batches} batches" + (f", reassigned to {s.reassigned_to}"
-                                           if s.reassigned_to else ""))
-        print(f"{report.s3_url}: {report.prompts_lines} prompts in {report.n} shards; "
-              f"{report.elapsed_s:.1f} s")
-    return EXIT_OK if report.ok else EXIT_CHECK
+        print(out.get("summary") or out)
+        for p in out.get("problems", [])[:50]:
+            print(f"  - {p}")
+    return EXIT_CHECK if args.what == "verify" and not out.get("ok") else EXIT_OK
+
+
+def _refused(exc: Exception) -> int:
+    print(f"fleetdeck-agent queue give-back: {exc}", file=sys.stderr)
+    return EXIT_CHECK
 
 
 def supervised_status(run_dir: Path) -> bytes | None:

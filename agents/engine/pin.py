@@ -13,14 +13,13 @@ import msgspec
 from agents.engine import EngineError
 from agents.engine import prompts as prompt_io
 from agents.engine.uploader import (
+    RUN_FOLDER,
     S3Unavailable,
-    journal_folder,
     journal_key,
     precondition_failed,
 )
 from agents.rundir.atomic import atomic_write
 from agents.rundir.schema import RunPin, encoder, pin_decoder
-from agents.rundir.shard import Shard
 from agents.rundir.spec import RunSpec, S3Section
 
 PIN_FILE = "run.pin.json"
@@ -55,7 +54,7 @@ def check_pin(spec: RunSpec, run_dir: Path) -> RunPin:
     pin = RunPin(prompts_path=str(prompts), prompts_sha256=sha, prompts_lines=lines,
                  prompts_size=size, prompts_mtime_ns=st.st_mtime_ns, model=spec.model_name,
                  sampling=gen.sampling, chat_template_kwargs=gen.chat_template_kwargs,
-                 created_at=time.time(), shard=gen.shard)
+                 created_at=time.time())
     atomic_write(path, encoder.encode(pin))
     return pin
 
@@ -68,7 +67,6 @@ def spec_problem(spec: RunSpec, pin: RunPin, where: str) -> str | None:
         ("[generate] model", spec.model_name, pin.model),
         ("[generate] sampling", gen.sampling, pin.sampling),
         ("[generate] chat_template_kwargs", gen.chat_template_kwargs, pin.chat_template_kwargs),
-        ("[generate] shard", gen.shard, pin.shard),
     ):
         if now != then:
             return (f"{spec.source}: {key} is {now!r} but the run was pinned with {then!r} "
@@ -77,25 +75,25 @@ def spec_problem(spec: RunSpec, pin: RunPin, where: str) -> str | None:
 
 
 MEANING = ("prompts_sha256", "prompts_lines", "prompts_size", "model", "sampling",
-           "chat_template_kwargs", "shard")
+           "chat_template_kwargs")
 
 
 def same_meaning(a: RunPin, b: RunPin) -> bool:
-    """Two pins of one run: the same prompts (by content), model, sampling and shard; where
+    """Two pins of one run: the same prompts (by content), model and sampling; where
     the file lies and its mtime may differ (a run resumed on another machine)."""
     return all(getattr(a, f) == getattr(b, f) for f in MEANING)
 
 
 
-def pin_key(s3: S3Section, shard: Shard | None) -> str:
-    return journal_key(s3, journal_folder(shard), PIN_FILE)
+def pin_key(s3: S3Section) -> str:
+    return journal_key(s3, RUN_FOLDER, PIN_FILE)
 
 
-def read_s3_pin(client: Any, s3: S3Section, shard: Shard | None) -> RunPin | None:
+def read_s3_pin(client: Any, s3: S3Section) -> RunPin | None:
     """The pin a run put in S3 at launch; None when there is none."""
     from botocore.exceptions import ClientError
 
-    key = pin_key(s3, shard)
+    key = pin_key(s3)
     try:
         data = client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
     except ClientError as exc:
@@ -108,24 +106,24 @@ def read_s3_pin(client: Any, s3: S3Section, shard: Shard | None) -> RunPin | Non
         raise EngineError(f"s3://{s3.bucket}/{key}: unreadable pin: {exc}") from None
 
 
-def publish_pin(client: Any, s3: S3Section, pin: RunPin, shard: Shard | None) -> None:
-    """At every start: the pin in S3 (`journals/{run or shard tag}/run.pin.json`), what
+def publish_pin(client: Any, s3: S3Section, pin: RunPin) -> None:
+    """At every start: the pin in S3 (`journals/run/run.pin.json`), what
     `resume-from-s3` checks a new machine's prompts file against. Put only where none is;
     one there that means another run is refused (two runs on one prefix mix their
     batches). Blocking."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        _publish(client, s3, pin, shard)
+        _publish(client, s3, pin)
     except (BotoCoreError, ClientError) as exc:
-        raise S3Unavailable(f"s3://{s3.bucket}/{pin_key(s3, shard)}: cannot read or put the "
+        raise S3Unavailable(f"s3://{s3.bucket}/{pin_key(s3)}: cannot read or put the "
                             f"run's pin: {exc}") from None
 
 
-def _publish(client: Any, s3: S3Section, pin: RunPin, shard: Shard | None) -> None:
-    key = pin_key(s3, shard)
+def _publish(client: Any, s3: S3Section, pin: RunPin) -> None:
+    key = pin_key(s3)
     for _ in range(2):
-        there = read_s3_pin(client, s3, shard)
+        there = read_s3_pin(client, s3)
         if there is not None:
             if not same_meaning(there, pin):
                 raise EngineError(

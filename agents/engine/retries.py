@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 
 from agents.engine.doneset import DoneSet
-from agents.rundir.batchnames import ANY, Which, batch_files
+from agents.rundir.batchnames import batch_files
 
 
 class _LineFields(msgspec.Struct):
@@ -20,11 +20,11 @@ class _LineFields(msgspec.Struct):
 
 
 def find_truncated(folder: Path, done: DoneSet, inflight: set[int],
-                   max_tokens: int, which: Which = ANY) -> list[tuple[int, int]]:
+                   max_tokens: int) -> list[tuple[int, int]]:
     """(index, attempt) of current lines that hit a max_tokens below `max_tokens`."""
     decoder = msgspec.json.Decoder(_LineFields)
     found = []
-    for batch in batch_files(folder, which=which):
+    for batch in batch_files(folder):
         try:
             f = open(batch, "rb")  # noqa: SIM115 - closed by the with below
         except FileNotFoundError:

@@ -27,21 +27,7 @@ from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.hedge import Hedger, Job
 from agents.engine.journal import Journal, failed, requeued, retry_applied
 from agents.engine.lastgood import control_problem, last_good_control
-from agents.engine.ownership import (
-    Ownership,
-    OwnershipEvent,
-    adopt_event,
-    cede_event,
-    expand,
-    pick_for_cede,
-)
 from agents.engine.pin import check_pin, publish_pin
-from agents.engine.reassigned import (
-    reassign_id,
-    reassign_key,
-    reassigned_why,
-    refuse_if_reassigned,
-)
 from agents.engine.retries import find_truncated
 from agents.engine.serverload import ServerLoad
 from agents.engine.store import BatchStore, ClosedBatch
@@ -59,7 +45,6 @@ from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import (
     BatchLine,
     Control,
-    OwnershipSummary,
     Progress,
     QueueProgress,
     Usage,
@@ -75,7 +60,6 @@ HISTORY_INTERVAL_S = 10.0
 # stays full for minutes (pauses up to 10 s) is not one request's fault.
 BUSY_TRIES = 60
 CONTROL_POLL_S = 0.25
-REASSIGN_CHECK_S = float(os.environ.get("FLEETDECK_REASSIGN_CHECK_S", "60"))
 
 
 class _LineFields(msgspec.Struct):
@@ -101,10 +85,6 @@ class Engine:
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._retry_tasks: set[asyncio.Task[None]] = set()
         self._inflight: set[int] = set()
-        self._ceding: set[int] = set()  # being ceded: not sent, whatever the journal says
-        self.reassigned = False  # a reassign record names this shard: stop, upload nothing
-        self._move_lock = asyncio.Lock()  # one cede or adopt at a time
-        self._fence_hit = asyncio.Event()  # the uploader found this shard's reassign record
         self._feed_over = False
         self._write_q: asyncio.Queue[tuple[int, int, bytes, BatchLine, str | None]] = (
             asyncio.Queue()
@@ -175,34 +155,22 @@ class Engine:
         self.pin = check_pin(self.spec, self.run_dir)
         if self.spec.s3 is not None:
             check_bucket(self.spec.s3)
-        self.shard = self.spec.shard
-        self.store = BatchStore(self.run_dir, self.gen.batch_size, self.pin.prompts_lines,
-                                self.shard)
+        self.store = BatchStore(self.run_dir, self.gen.batch_size, self.pin.prompts_lines)
         rec = self.store.recover()
         self.journal = Journal(self.run_dir / "failures.jsonl")
         self.journal.recover()
-        # Which indices are this run's: its shard's, less what it ceded, plus what it adopted.
-        self.owner = Ownership.load(self.run_dir, self.shard, write=True)
         for i, (ev, _, what) in self.journal.state.last.items():
             if ev == "requeued":
                 self._requeue_reason[i] = what
         if self.spec.s3 is not None:
             self.uploader = Uploader(self.spec.s3, self.run_dir)
             self.uploader.recover(rec.closed_batches)
-            if self.spec.queue is not None:
-                pass  # its journals go beside its batches, once its run id is known
-            elif self.shard is not None:
-                refuse_if_reassigned(self.spec.s3, self.shard, self.run_dir)
-                self.uploader.fence(reassign_key(self.spec.s3, reassign_id(self.shard.tag)),
-                                    self._fence_hit.set)
-                self.uploader.watch_journals(self.shard.tag, [self.journal.path,
-                                                              self.owner.path or Path()])
-            else:
+            if self.spec.queue is None:
                 # What resume-from-s3 restores, so failed indices stay failed on a new disk.
                 self.uploader.watch_journals(RUN_FOLDER, [self.journal.path])
-            if self.spec.queue is None:
-                publish_pin(make_s3_client(self.spec.s3), self.spec.s3, self.pin, self.shard)
+                publish_pin(make_s3_client(self.spec.s3), self.spec.s3, self.pin)
             else:
+                # A campaign node: its journals go beside its batches, under its run id.
                 self._prepare_queue()
         self._batches_closed = len(rec.closed_batches)
         progress_raw = None
@@ -326,7 +294,7 @@ class Engine:
                    if ev == "failed" and i not in done)
 
     def _needs(self, index: int) -> bool:
-        if index in self._inflight or index in self._ceding or not self.owner.owns(index):
+        if index in self._inflight:
             return False
         last = self.journal.state.last.get(index)
         if index in self.store.done:
@@ -364,9 +332,6 @@ class Engine:
             background.append(asyncio.create_task(self.uploader.run(), name="uploader"))
             background.append(asyncio.create_task(self.uploader.journals_loop(),
                                                   name="journals"))
-            if self.shard is not None:
-                background.append(asyncio.create_task(self._reassign_watch(),
-                                                      name="reassign-watch"))
         self.status = "paused" if self.dispatcher.paused else "running"
         try:
             await (self._feed_queue() if self.queue is not None else self._feed())
@@ -392,7 +357,6 @@ class Engine:
         finally:
             self.store.close()
             self.journal.close()
-            self.owner.close()
             if self.queue is not None:
                 self.queue.close()
             if self.uploader:
@@ -435,10 +399,6 @@ class Engine:
                 server = await self.dispatcher.acquire()
                 if server is None:
                     return
-                if index in self._ceding or not self.owner.owns(index):
-                    # Ceded while this line waited for a slot: another node sends it now.
-                    await self.dispatcher.release(server)
-                    continue
                 try:
                     prompt = prompt_io.parse_prompt(index, raw)
                 except prompt_io.BadPrompt as exc:
@@ -824,28 +784,18 @@ class Engine:
         except OSError as exc:
             self.writer_error = self.writer_error or f"cannot close the open batch: {exc}"
             log.error("the open batch stays open: %s", exc)
-        if self.reassigned:
-            pass  # another node owns this shard now: nothing more of it goes to S3
-        elif self.uploader is not None and self.uploader.pending:
+        if self.uploader is not None and self.uploader.pending:
             self.status = "draining"
             self._write_progress()
             if not await self.uploader.drain(3600.0, stop=lambda: self.stopping):
-                if self._fence_hit.is_set():
-                    # Fenced while draining: the watch that says why ends with this run.
-                    self._mark_reassigned(self._fenced_why())
-                else:
-                    self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
-                                    f"({self.uploader.last_error}); a resume uploads them")
-                    log.warning(self.message)
-        if self.uploader is not None and not self.reassigned and \
-                not await self.uploader.drain_journals(60.0):
-            if self._fence_hit.is_set():
-                self._mark_reassigned(self._fenced_why())
-            else:
-                self.message = self.message or (
-                    f"the journals are not yet in S3 ({self.uploader.last_error}); a resume "
-                    "uploads them")
-                log.warning("journals not uploaded: %s", self.uploader.last_error)
+                self.message = (f"{self.uploader.pending} batch(es) not yet in S3 "
+                                f"({self.uploader.last_error}); a resume uploads them")
+                log.warning(self.message)
+        if self.uploader is not None and not await self.uploader.drain_journals(60.0):
+            self.message = self.message or (
+                f"the journals are not yet in S3 ({self.uploader.last_error}); a resume "
+                "uploads them")
+            log.warning("journals not uploaded: %s", self.uploader.last_error)
         if self.queue is not None:
             await self._finish_queue()
         if self.writer_error is not None:
@@ -887,6 +837,14 @@ class Engine:
             log.info("control rev %d applied: concurrency %s, max_tokens %d, paused %s",
                      control.rev, control.concurrency, control.max_tokens, control.paused)
         applied = self.journal.state.retry_applied
+        if self.queue is not None:
+            if control.retry.failed > applied.get("failed", 0) or \
+                    control.retry.truncated > applied.get("truncated", 0):
+                self._control_note = ("retry is the campaign's on a queue node: `fleetdeck "
+                                      "retry CAMPAIGN failed|truncated` makes a generation "
+                                      "every node runs; this node's own retry is not applied")
+                log.warning(self._control_note)
+            return
         if control.retry.failed > applied.get("failed", 0):
             self._spawn_retry(self._retry_failed(control.retry.failed))
         if control.retry.truncated > applied.get("truncated", 0):
@@ -948,7 +906,7 @@ class Engine:
 
     async def _retry_failed(self, rev: int) -> None:
         indices = self.journal.failed_indices()
-        indices = [i for i in indices if i not in self.store.done and self.owner.owns(i)]
+        indices = [i for i in indices if i not in self.store.done]
         events = [requeued(i, 1, "failed") for i in indices]
         events.append(retry_applied("failed", rev))
         await self._journal(events)
@@ -959,7 +917,7 @@ class Engine:
 
     async def _retry_truncated(self, rev: int, max_tokens: int) -> None:
         found = await asyncio.to_thread(find_truncated, self.store.folder, self.store.done,
-                                        self._inflight, max_tokens, self.shard)
+                                        self._inflight, max_tokens)
         events = [requeued(i, a + 1, "truncated") for i, a in found]
         events.append(retry_applied("truncated", rev))
         await self._journal(events)
@@ -973,122 +931,13 @@ class Engine:
         self._epoch += 1
         self._idle.set()
 
-    # -- a campaign: cede and adopt ----------------------------------------------------------
-
-    async def _reassign_watch(self) -> None:
-        """A node cut off from the console (a network split) may be reassigned while it
-        runs: once a reassign record names this shard, stop sending and uploading at once,
-        and say why. Checked every REASSIGN_CHECK_S, and at once when the uploader, which
-        looks for the record before every put, finds it."""
-        assert self.spec.s3 is not None and self.shard is not None
-        while True:
-            try:
-                await asyncio.wait_for(self._fence_hit.wait(), REASSIGN_CHECK_S)
-            except TimeoutError:
-                pass
-            try:
-                why = await asyncio.to_thread(reassigned_why, self.spec.s3, self.shard,
-                                              self.run_dir)
-            except EngineError as exc:
-                log.warning("reassign check: %s", exc)
-                why = None
-            if why is None and self._fence_hit.is_set():
-                # The uploader saw the record and reading it failed: stop all the same.
-                why = self._fenced_why()
-            if why is not None:
-                self._mark_reassigned(why)
-                return
-
-    def _fenced_why(self) -> str:
-        assert self.uploader is not None
-        return f"{self.run_dir}: {self.uploader.last_error}"
-
-    def _mark_reassigned(self, why: str) -> None:
-        if self.reassigned:
-            return
-        self.reassigned = True
-        self.writer_error = "reassigned"  # nothing more is written
-        self.message = why
-        log.error(why)
-        if self.uploader is not None:
-            self.uploader.stop()
-        self.request_stop()
-
-    @property
-    def feed_over(self) -> bool:
-        """The feeder has ended: an adopt now is sent by the next engine (a resume)."""
-        return self._feed_over
-
-    async def cede(self, id_: str, count: int) -> OwnershipEvent:
-        """Give away up to `count` to-do indices from the end of this run's list, durably,
-        before answering; none of them is sent from here on. The same id again answers the
-        same record."""
-        async with self._move_lock:  # the same id twice at once: one record, answered twice
-            return await self._cede(id_, count)
-
-    async def _cede(self, id_: str, count: int) -> OwnershipEvent:
-        have = self.owner.cedes.get(id_)
-        if have is not None:
-            return have
-        total = self.pin.prompts_lines
-        failed_now = {i for i, (ev, _, _) in self.journal.state.last.items() if ev == "failed"}
-        picked = pick_for_cede(self.owner, total, count, self.store.done, self._inflight,
-                               failed_now)
-        if not picked:
-            raise EngineError(f"{self.run_dir}: nothing to cede: every index this run owns "
-                              "is done, failed or in flight")
-        ev = cede_event(id_, picked)
-        # Held back from the feeder from now on, before the record is on disk: a crash before
-        # the fsync leaves them owned here (and sent by a resume), never by two nodes.
-        self._ceding.update(picked)
-        try:
-            await asyncio.to_thread(self.owner.write, ev)
-            crash_point("ceded")  # tests: killed with the cede journaled, not yet answered
-        finally:
-            self._ceding.difference_update(picked)
-        self.owner.apply(ev)
-        log.info("ceded %d indices (id %s, %d ranges)", ev.count, ev.id, len(ev.ranges))
-        if self.uploader is not None:
-            self.uploader.journals_changed(now=True)
-        return ev
-
-    async def adopt(self, id_: str, ranges: list[tuple[int, int, int]], node: str | None,
-                    shard: str | None) -> OwnershipEvent:
-        """Take on indices another node ceded (or a reassign moved), durably, before the first
-        is sent. The same id again answers the same record."""
-        async with self._move_lock:
-            return await self._adopt(id_, ranges, node, shard)
-
-    async def _adopt(self, id_: str, ranges: list[tuple[int, int, int]], node: str | None,
-                     shard: str | None) -> OwnershipEvent:
-        have = self.owner.adopts.get(id_)
-        if have is not None:
-            return have
-        if not self.owner.writable:
-            raise EngineError(f"{self.run_dir}: the engine has ended; adopt again")
-        total = self.pin.prompts_lines
-        indices = list(expand(ranges))
-        beyond = [i for i in indices if i >= total]
-        if beyond:
-            raise EngineError(f"adopt {id_}: index {beyond[0]} is past the prompts file's "
-                              f"{total} lines: not a range of this campaign")
-        ev = adopt_event(id_, [i for i in indices if not self.owner.owns(i)], node, shard)
-        await asyncio.to_thread(self.owner.write, ev)
-        crash_point("adopted")  # tests: killed with the adopt journaled, nothing sent yet
-        self.owner.apply(ev)
-        log.info("adopted %d indices (id %s from %s %s)", ev.count, ev.id, node, shard)
-        if self.uploader is not None:
-            self.uploader.journals_changed(now=True)
-        self._wake_feeder()
-        return ev
-
     # -- progress ---------------------------------------------------------------------------
 
     def snapshot(self) -> Progress:
         t = self.meter.totals
         completed = len(self.store.done)
         failed_n = self._failed_count()
-        total = self.owner.count(self.pin.prompts_lines)
+        total = self.pin.prompts_lines
         queue = None
         if self.queue is not None:
             qs = self.queue.summary()
@@ -1129,17 +978,8 @@ class Engine:
             busy_answers=self.busy_answers,
             answers_by_limit=dict(t.answers_by_limit),
             truncated_by_limit=dict(t.truncated_by_limit),
-            shard=self.shard.text if self.shard else None, campaign=self.spec.run.campaign,
-            ownership=self._ownership_summary(), queue=queue,
+            campaign=self.spec.run.campaign, queue=queue,
         ))
-
-    def _ownership_summary(self) -> OwnershipSummary | None:
-        if self.shard is None and not self.owner.cedes and not self.owner.adopts:
-            return None
-        return msgspec.convert({**self.owner.summary(),
-                                "s3_behind": bool(self.uploader and
-                                                  self.uploader.journals_behind)},
-                               OwnershipSummary)
 
     def _totals_record(self) -> recount.TotalsRecord:
         """On the loop: the totals and the point in the store they count up to, together."""

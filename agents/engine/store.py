@@ -27,11 +27,6 @@ from agents.rundir.atomic import cut_torn_tail, fsync_dir, make_dirs
 from agents.rundir.batchnames import batch_name, parse_batch_name
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import line_key_decoder
-from agents.rundir.shard import Shard
-
-
-def _whose(shard: Shard | None) -> str:
-    return f"shard {shard.text}" if shard is not None else "a run without a shard"
 
 
 def parse_done_line(raw: bytes) -> tuple[int, int] | None:
@@ -70,10 +65,8 @@ class StoreError(RuntimeError):
 
 
 class BatchStore:
-    def __init__(self, run_dir: Path, batch_size: int, total: int,
-                 shard: Shard | None = None) -> None:
+    def __init__(self, run_dir: Path, batch_size: int, total: int) -> None:
         self.folder = run_dir / "completions"
-        self.shard = shard  # a campaign's shard: its tag is in every batch name
         self.batch_size = batch_size
         self.done = DoneSet(total)
         self._number = 0
@@ -113,10 +106,6 @@ class BatchStore:
             b = parse_batch_name(entry.name)
             if b is None:
                 continue
-            if b.shard != self.shard:
-                mine = f"shard {self.shard.text}" if self.shard else "a run without a shard"
-                raise StoreError(f"{entry.path}: a batch of {_whose(b.shard)} in {self.folder}, "
-                                 f"which is {mine}'s: a run dir holds one shard's batches")
             number = b.number
             highest = max(highest, number)
             if b.open:
@@ -175,7 +164,7 @@ class BatchStore:
                     return
                 path = self._partial
             else:
-                path = self.folder / batch_name(n, shard=self.shard)
+                path = self.folder / batch_name(n)
             seen = 0
             try:
                 with open(path, "rb") as f:
@@ -200,7 +189,7 @@ class BatchStore:
 
     def _ensure_open(self) -> DurableAppend:
         if self._batch is None:
-            self._open(self.folder / batch_name(self._number, open=True, shard=self.shard))
+            self._open(self.folder / batch_name(self._number, open=True))
             self._lines = 0
             self._size = 0
             self._hash = hashlib.sha256()

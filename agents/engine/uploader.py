@@ -24,16 +24,11 @@ from agents.engine.durable import DurableAppend
 from agents.rundir.atomic import cut_torn_tail
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import UploadRecord, encoder, upload_decoder
-from agents.rundir.shard import Shard
 from agents.rundir.spec import S3Section
 
 log = logging.getLogger("fleetdeck.engine.s3")
 
 JOURNAL_INTERVAL_S = float(os.environ.get("FLEETDECK_JOURNAL_INTERVAL_S", "30"))
-
-
-class Fenced(RuntimeError):
-    """The fence object exists: this shard was reassigned, nothing more of it goes up."""
 
 
 class S3Unavailable(RuntimeError):
@@ -96,12 +91,9 @@ def file_digests(path: Path) -> tuple[str, str, int]:
     return sha.hexdigest(), md5.hexdigest(), size
 
 
-# An unsharded run's journals and pin sit beside a shard's, in a folder no shard tag can be.
+# A run's journals and pin (what resume-from-s3 restores); a campaign node's sit under its
+# node and run id instead (`journals/NODE/RUN_ID/`).
 RUN_FOLDER = "run"
-
-
-def journal_folder(shard: Shard | None) -> str:
-    return shard.tag if shard is not None else RUN_FOLDER
 
 
 def journal_key(spec: S3Section, folder: str, name: str) -> str:
@@ -109,7 +101,7 @@ def journal_key(spec: S3Section, folder: str, name: str) -> str:
 
 
 def put_journals(client: Any, spec: S3Section, folder: str, paths: list[Path]) -> None:
-    """Copy a shard's journals to `{prefix}journals/{folder}/`, whole lines only (a torn
+    """Copy a run's journals to `{prefix}journals/{folder}/`, whole lines only (a torn
     tail, from a crash mid-append, was never answered)."""
     for path in paths:
         try:
@@ -163,22 +155,6 @@ class Pending:
     sha256: str | None = None
 
 
-def check_fence(client: Any, bucket: str, key: str) -> None:
-    """Fenced when `key` (a shard's reassign record) exists; botocore's error when S3 cannot
-    say (nothing goes up until it can)."""
-    from botocore.exceptions import ClientError
-
-    try:
-        client.head_object(Bucket=bucket, Key=key)
-    except ClientError as exc:
-        if str(exc.response.get("Error", {}).get("Code", "")) in ("404", "NoSuchKey",
-                                                                  "NotFound"):
-            return
-        raise
-    raise Fenced(f"s3://{bucket}/{key} exists: this shard was reassigned; nothing more of it "
-                 "goes to S3")
-
-
 class Uploader:
     def __init__(self, spec: S3Section, run_dir: Path) -> None:
         self.spec = spec
@@ -197,9 +173,6 @@ class Uploader:
         self._journal_sent = 0
         self._journals_wake = asyncio.Event()
         self._journals_now = asyncio.Event()
-        # A campaign shard's reassign record: looked for before every put (fence()).
-        self._fence_key: str | None = None
-        self._on_fenced: Callable[[], None] | None = None
         self._warned_no_checksum = False
         # Where batches go under the prefix: a campaign node's own folder
         # (`batches/NODE/RUN_ID/`), else the prefix itself.
@@ -244,31 +217,9 @@ class Uploader:
         self._uploaded_event.clear()
         await self._uploaded_event.wait()
 
-    def fence(self, key: str, on_fenced: Callable[[], None]) -> None:
-        """Before every put, look for `key` (this shard's reassign record): once it exists,
-        put nothing more and call `on_fenced` on the event loop. A network-split node that
-        was reassigned then uploads at most the put already under way when the record
-        landed, not a minute of batches until its engine's next check."""
-        self._fence_key = key
-        self._on_fenced = on_fenced
-
-    def _check_fence(self) -> None:
-        if self._fence_key is not None:
-            check_fence(self._client, self.spec.bucket, self._fence_key)
-
-    def _fenced(self, exc: Fenced) -> None:
-        if self._stopped:
-            return
-        log.error("%s", exc)
-        self.last_error = str(exc)[:300]
-        self.stop()
-        if self._on_fenced is not None:
-            self._on_fenced()
-
     def _upload(self, item: Pending) -> UploadRecord:
         if self._client is None:
             self._client = make_s3_client(self.spec)
-        self._check_fence()
         sha256, md5, size = file_digests(item.path)
         if item.sha256 and item.sha256 != sha256:
             raise RuntimeError(f"{item.path} changed since it was closed (sha256 differs)")
@@ -322,9 +273,6 @@ class Uploader:
                 return
             try:
                 rec = await asyncio.to_thread(self._upload, item)
-            except Fenced as exc:
-                self._fenced(exc)
-                return
             except Exception as exc:
                 self.last_error = f"{item.path.name}: {type(exc).__name__}: {exc}"[:300]
                 log.warning("upload of %s failed, retrying in %.0f s: %s",
@@ -350,7 +298,7 @@ class Uploader:
                     after_stop_s: float = 60.0) -> bool:
         """Wait until nothing is pending, up to timeout, or `after_stop_s` once `stop()` says
         so (a stop must not wait an hour on an S3 outage); True when all are uploaded. A
-        stopped uploader (fenced) uploads nothing more: no wait."""
+        stopped uploader uploads nothing more: no wait."""
         deadline = time.monotonic() + timeout
         stop_deadline: float | None = None
         while self._pending and time.monotonic() < deadline and not self._stopped:
@@ -361,19 +309,19 @@ class Uploader:
             await asyncio.sleep(0.1)
         return self._pending == 0
 
-    # -- a campaign shard's journals --------------------------------------------------------
+    # -- the run's journals in S3 -----------------------------------------------------------
 
     def watch_journals(self, folder: str, paths: list[Path]) -> None:
-        """A shard of a campaign keeps copies of its journals (failures.jsonl,
-        ownership.jsonl) at `{prefix}journals/{folder}/`: what verify's union, a reassign and
-        decommission-check judge the shard by when its node is gone."""
+        """Keep copies of the run's journals (failures.jsonl) at `{prefix}journals/{folder}/`:
+        what resume-from-s3 restores on a new disk, and a campaign node's failures beside its
+        batches."""
         self._journal_folder = folder
         self._journal_paths = paths
         self._journal_changes = 1
 
     def journals_changed(self, now: bool = False) -> None:
-        """The journals changed; `now` (a cede, an adopt, the end) skips the pause between
-        uploads that a batch's failures wait."""
+        """The journals changed; `now` (the end) skips the pause between uploads that a
+        batch's failures wait."""
         if self._journal_paths:
             self._journal_changes += 1
             self._journals_wake.set()
@@ -387,12 +335,10 @@ class Uploader:
     def _upload_journals(self) -> None:
         if self._client is None:
             self._client = make_s3_client(self.spec)
-        self._check_fence()
         put_journals(self._client, self.spec, self._journal_folder, self._journal_paths)
 
     def stop(self) -> None:
-        """Upload nothing more (a shard reassigned to another node): what waits stays on
-        disk, and what is being put ends."""
+        """Upload nothing more: what waits stays on disk, and what is being put ends."""
         self._stopped = True
         self._journals_wake.set()
         self._queue.put_nowait(Pending(Path()))  # wakes run(), which returns
@@ -411,9 +357,6 @@ class Uploader:
             change = self._journal_changes
             try:
                 await asyncio.to_thread(self._upload_journals)
-            except Fenced as exc:
-                self._fenced(exc)
-                return
             except Exception as exc:
                 self.last_error = f"journals: {type(exc).__name__}: {exc}"[:300]
                 log.warning("upload of the journals failed, retrying in %.0f s: %s", delay,

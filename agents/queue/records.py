@@ -80,6 +80,7 @@ class Commit(msgspec.Struct, forbid_unknown_fields=True):
     truncated: Ranges  # done, but finish_reason "length"
     batches: list[BatchPart]
     attempt: int  # the `attempt` of this generation's lines
+    bad_input: Ranges = msgspec.field(default_factory=list)  # failed: the prompt line itself
     version: int = VERSION
 
 

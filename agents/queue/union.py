@@ -119,6 +119,8 @@ def _commit_problem(c: rec.Commit, chunk: Ranges, g: int, n: int, size: int) -> 
                 "outside the chunk: " + text(to_ranges(extra)))
     if not set(expand(c.truncated)) <= done:
         return "truncated indices that are not done"
+    if not set(expand(c.bad_input)) <= failed:
+        return "bad_input indices that are not failed"
     in_parts: list[int] = []
     for part in c.batches:
         bad = well_formed(part.indices, size)

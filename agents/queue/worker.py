@@ -463,7 +463,8 @@ class QueueWorker:
             generation=chunk.generation, chunk=chunk.number, node=self.board.me.node,
             run_id=self.board.me.run_id, epoch=work.held.epoch, started_at=work.held.claimed_at,
             committed_at=time.time(), done=to_ranges(done), failed=to_ranges(failed),
-            truncated=to_ranges(truncated), batches=batches, attempt=chunk.attempt)
+            truncated=to_ranges(truncated), batches=batches, attempt=chunk.attempt,
+            bad_input=to_ranges(i for i in failed if self.journal.last[i][2] == "bad_input"))
         won, there = await asyncio.to_thread(self.board.commit, commit)
         crash_point("queue_commit")
         assert self._log is not None
@@ -524,6 +525,7 @@ class QueueWorker:
         return {"generation": f.generation, "chunks": f.chunks, "committed": f.committed,
                 "committed_here": f.committed_here, "lost": f.lost, "held": f.held,
                 "backups": f.backups, "taken_over": f.taken_over, "s3_error": f.s3_error,
-                "to_do_here": sum(len(w.todo) for w in self.work.values())}
+                "to_do_here": sum(len(w.todo) for w in self.work.values()),
+                "prompts_lines": self.pin.prompts_lines, "chunk_size": self.pin.chunk_size}
 
 

@@ -14,8 +14,8 @@ import msgspec
 
 from agents import PROTOCOL_VERSION, __version__
 from agents.artifacts.manifest import MAX_LIMIT, Manifest
-from agents.artifacts.union import union_report
 from agents.artifacts.verify import VerifyError, verify_run
+from agents.queue import node as queue_node
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
 from agents.rundir.browse import OutsideRunDir, history, log_path, recent_samples, tail
 from agents.rundir.control import (
@@ -132,14 +132,31 @@ class ControlMethods:
                 raise RpcError(REFUSED, str(exc)) from None
             return msgspec.to_builtins(report)
 
-        async def verify_union(p: dict[str, Any]) -> Any:
-            try:
-                # Off the loop: it reads every batch of every shard in S3.
-                report = await asyncio.to_thread(union_report, self.run_dir,
-                                                 **union_params(p))
-            except VerifyError as exc:
-                raise RpcError(REFUSED, str(exc)) from None
-            return msgspec.to_builtins(report)
+        async def queue_status(p: dict[str, Any]) -> Any:
+            return await asyncio.to_thread(_queue_call, queue_node.status, self.run_dir)
+
+        async def queue_verify(p: dict[str, Any]) -> Any:
+            deep = p.get("deep", 0.0)
+            if not isinstance(deep, (int, float)) or isinstance(deep, bool) or \
+                    not 0.0 <= deep <= 1.0:
+                raise RpcError(INVALID_PARAMS, f"deep must be a share 0..1, got {deep!r}")
+            # Off the loop: it reads every commit and HEADs every batch they name.
+            return await asyncio.to_thread(_queue_call, queue_node.verify_report, self.run_dir,
+                                           float(deep))
+
+        async def queue_retry(p: dict[str, Any]) -> Any:
+            what = p.get("what")
+            if what not in ("failed", "truncated"):
+                raise RpcError(INVALID_PARAMS, f"what must be failed or truncated, got {what!r}")
+            mt = p.get("max_tokens")
+            if mt is not None:
+                mt = _int(p, "max_tokens", 1)
+            who = p.get("who")
+            return await asyncio.to_thread(_queue_call, queue_node.retry, self.run_dir, what,
+                                           mt, who if isinstance(who, str) else None)
+
+        async def queue_give_back(p: dict[str, Any]) -> Any:
+            return await asyncio.to_thread(_queue_call, queue_node.give_back, self.run_dir)
 
         async def export(p: dict[str, Any]) -> Any:
             checkpoint = p.get("checkpoint", "best")
@@ -152,27 +169,20 @@ class ControlMethods:
         return {"export": export, "pause": pause, "unpause": unpause, "resize": resize,
                 "max_tokens": max_tokens,
                 "retry": retry, "logs": logs, "samples": samples, "history": history_,
-                "manifest": manifest, "verify": verify, "verify_union": verify_union}
+                "manifest": manifest, "verify": verify,
+                "queue_status": queue_status, "queue_verify": queue_verify,
+                "queue_retry": queue_retry, "queue_give_back": queue_give_back}
 
 
-def union_params(p: dict[str, Any]) -> dict[str, Any]:
-    """verify_union's params: shards N and prompts_lines (default: this node's pin), nodes
-    (names by shard, for the report's words), batches (False: journals only)."""
-    out: dict[str, Any] = {}
-    for key in ("shards", "prompts_lines"):
-        if p.get(key) is not None:
-            out[key] = _int(p, key, 1)
-    nodes = p.get("nodes")
-    if nodes is not None:
-        if not isinstance(nodes, list) or len(nodes) > 100_000 or not all(
-                isinstance(n, str) and 0 < len(n) <= 128 and n.isprintable() for n in nodes):
-            raise RpcError(INVALID_PARAMS, "nodes must be a list of node names")
-        out["nodes"] = nodes
-    batches = p.get("batches", True)
-    if not isinstance(batches, bool):
-        raise RpcError(INVALID_PARAMS, f"batches must be true or false, got {batches!r}")
-    out["batches"] = batches
-    return out
+def _queue_call(fn: Any, *args: Any) -> Any:
+    """A queue call on this run's campaign; refusals (not a campaign node, a retry that
+    must wait, a node that still holds work) as REFUSED with their reason."""
+    from agents.queue.retry import RetryRefused
+
+    try:
+        return fn(*args)
+    except (queue_node.NotAQueueRun, RetryRefused, ValueError) as exc:
+        raise RpcError(REFUSED, str(exc)) from None
 
 
 def _read_log(run_dir: Path, name: str, n: int, before: int | None) -> dict[str, Any]:

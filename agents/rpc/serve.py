@@ -16,11 +16,7 @@ from typing import Any
 import msgspec
 
 from agents.engine import EngineError
-from agents.engine.moves import adopt_offline, cede_offline
 from agents.rpc.campaign import (
-    adopt_params,
-    cede_params,
-    event_reply,
     launch_check,
     launch_overrides,
     spec_for_launch,
@@ -43,9 +39,7 @@ from agents.rpc.protocol import (
     error_reply,
     notification,
 )
-from agents.rpc.reassign import reassign
 from agents.rpc.train_launch import train_overrides
-from agents.rundir.control import audit
 from agents.rundir.control import who as local_who
 from agents.rundir.spec import SpecError, load_run_spec
 from agents.supervise.launch import RunCtlError, connect, resume
@@ -64,7 +58,8 @@ _reply_id = msgspec.json.Decoder(_ReplyId)
 # down, restart_server, pause, unpause, resize, max_tokens, retry, manifest, whose hash cache
 # is written, and any method added later) is refused before it reaches a supervisor.
 READ_ONLY_METHODS = frozenset({"hello", "status", "subscribe", "unsubscribe", "logs", "samples",
-                               "history", "verify", "verify_union"})
+                               "history", "verify", "queue_status",
+                               "queue_verify"})
 
 
 def _read_only_refusal(method: str, run_dir: Path) -> str:
@@ -131,7 +126,7 @@ class StdioSession:
         self.upstream = None
         lost, self._pending = self._pending, {}
         self._answered.set()
-        # What it held is answered now, as unknown (a cede may be journaled): a client must
+        # What it held is answered now, as unknown (a change may be journaled): a client must
         # not wait out its timeout for a reply that cannot come.
         try:
             for rid, method in lost.items():
@@ -266,32 +261,6 @@ class StdioSession:
             await self.attach()
             return {**restored.to_json(), **started}
 
-        async def cede(p: dict[str, Any]) -> Any:
-            id_, count = cede_params(p)
-            audit(self.run_dir, "cede", {"id": id_, "count": count}, p.get("who"))
-            try:
-                ev, s3_error = await asyncio.to_thread(cede_offline, self.run_dir, id_, count)
-            except (EngineError, SpecError, OSError, ValueError) as exc:
-                raise RpcError(REFUSED, str(exc)) from None
-            return event_reply(ev, s3_error)
-
-        async def adopt(p: dict[str, Any]) -> Any:
-            id_, ranges, node, shard = adopt_params(p)
-            audit(self.run_dir, "adopt", {"id": id_, "node": node, "shard": shard},
-                  p.get("who"))
-            try:
-                ev, s3_error = await asyncio.to_thread(adopt_offline, self.run_dir, id_,
-                                                       ranges, node, shard)
-                # No supervisor runs this run: start one, whose engine sends what was adopted.
-                await resume(self.run_dir, p.get("who"))
-            except (EngineError, SpecError, RunCtlError, OSError, ValueError) as exc:
-                raise RpcError(REFUSED, str(exc)) from None
-            await self.attach()
-            return event_reply(ev, s3_error)
-
-        async def reassign_(p: dict[str, Any]) -> Any:
-            return await reassign(self.run_dir, p, adopt)
-
         async def needs_supervisor(p: dict[str, Any]) -> Any:
             raise RpcError(NOT_RUNNING, f"{self.run_dir}: no supervisor is running; "
                            "`resume` starts one")
@@ -299,8 +268,7 @@ class StdioSession:
         methods: dict[str, Any] = self.local.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe,
                        unsubscribe=unsubscribe, launch=launch, resume=resume_,
-                       resume_from_s3=resume_from_s3, cede=cede,
-                       adopt=adopt, reassign=reassign_,
+                       resume_from_s3=resume_from_s3,
                        stop=needs_supervisor, down=needs_supervisor,
                        restart_server=needs_supervisor)
         return methods

@@ -4,9 +4,9 @@ FLEETDECK_CRASH_AT=name[:n] SIGKILLs this process at the n-th pass of crash poin
 Names: lines_written (written, not fsynced), lines_fsynced (fsynced, indices not recorded),
 batch_close (renamed, directory not fsynced), upload (object put, not yet confirmed),
 hedge_sent (a second copy of a request sent), hedge_won (the first answer of a hedged request
-kept, the others not yet aborted), ceded (a cede journaled, not yet answered), adopted (an
-adopt journaled, nothing of it sent yet); the last two on a live engine and in the run dir
-when none runs (agents/engine/moves.py).
+kept, the others not yet aborted); and a campaign node's queue (agents/queue/worker.py):
+queue_claim (a chunk's lease created, not yet journaled here), queue_renew (a lease renewed),
+queue_commit (a chunk's commit created in S3, its outcome not yet journaled here).
 
 FLEETDECK_CRASH_MARKS=FILE appends the name of every crash point passed to FILE (one write per
 pass, not fsynced) and kills nothing: on the power-loss harness's mount each pass is then an

@@ -231,11 +231,8 @@ class Progress(msgspec.Struct):
     # are the limit as text): truncation is judged against the limit an answer ran with.
     answers_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
     truncated_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
-    # A shard of a campaign: "K/N", the campaign's name, and what it ceded and adopted
-    # (ownership.jsonl); `total` is then the count it owns.
-    shard: str | None = None
+    # The campaign this node's run belongs to ([run] campaign).
     campaign: str | None = None
-    ownership: OwnershipSummary | None = None
     # A campaign node (a [queue] run): the campaign's chunks as this node last listed them,
     # what it holds and committed; `total` is then what it did and holds.
     queue: QueueProgress | None = None
@@ -254,24 +251,9 @@ class QueueProgress(msgspec.Struct):
     taken_over: int = 0
     to_do_here: int = 0
     finished: bool = False
+    prompts_lines: int = 0  # the campaign's
+    chunk_size: int = 0
     s3_error: str | None = None
-
-
-class OwnershipMove(msgspec.Struct, omit_defaults=True):
-    """One cede or adopt of ownership.jsonl, by id: how many indices, and when."""
-
-    id: str
-    count: int
-    time: float
-    node: str | None = None  # adopt: the node they came from
-    shard: str | None = None  # adopt: the shard they came from
-
-
-class OwnershipSummary(msgspec.Struct):
-    cedes: list[OwnershipMove] = msgspec.field(default_factory=list)
-    adopts: list[OwnershipMove] = msgspec.field(default_factory=list)
-    # The journal as uploaded to S3 lags the disk (a cede or adopt not yet there).
-    s3_behind: bool = False
 
 
 class Cost(msgspec.Struct):
@@ -309,8 +291,6 @@ class RunPin(msgspec.Struct):
     sampling: dict[str, Any]
     chat_template_kwargs: dict[str, Any]
     created_at: float
-    # A shard of a campaign ("3/8"): its indices are i % 8 == 3 of the full file.
-    shard: str | None = None
 
 
 class TrainProgress(msgspec.Struct):

@@ -12,7 +12,6 @@ import msgspec
 
 from agents.rundir.gpugroups import GpusSpec, gpus_problem, groups
 from agents.rundir.sampling import sampling_problem
-from agents.rundir.shard import Shard, parse_shard
 
 # Where `concurrency_per_server = "auto"` starts: low, so that a server whose knee is low is
 # never flooded while the tuner climbs.
@@ -110,9 +109,6 @@ class GenerateSection(msgspec.Struct, forbid_unknown_fields=True):
     # At the tail (work left under the capacity in flight) the oldest requests go a second
     # time to idle servers; the first answer wins, the other is aborted.
     hedge: bool = True
-    # "K/N": this run is the K-th (0-based) of N shards of a campaign and owns the indices
-    # i % N == K of the full prompts file (agents/rundir/shard.py); pinned at first launch.
-    shard: str | None = None
 
     @property
     def concurrency(self) -> int | Literal["auto"]:
@@ -274,7 +270,7 @@ class RunSpec(msgspec.Struct, forbid_unknown_fields=True):
     # Folder that relative paths are relative to (the original run.toml's, also for the copy
     # kept in RUN_DIR).
     base: str = ""
-    # Keys a launch set over the file's ({"generate": {"shard": "3/8"}}): kept in RUN_DIR's
+    # Keys a launch set over the file's ({"queue": {"node": "gpu-3"}}): kept in RUN_DIR's
     # copy, so a resume runs what was launched.
     launched_with: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
@@ -296,12 +292,6 @@ class RunSpec(msgspec.Struct, forbid_unknown_fields=True):
         assert self.generate is not None
         path = Path(self.generate.prompts)
         return path if path.is_absolute() else self.base_dir / path
-
-    @property
-    def shard(self) -> Shard | None:
-        if self.generate is None or self.generate.shard is None:
-            return None
-        return parse_shard(self.generate.shard, f"{self.source}: [generate] shard")
 
     @property
     def model_name(self) -> str:
@@ -345,14 +335,6 @@ def _check(spec: RunSpec, path: Path) -> None:
     def fail(key: str, reason: str) -> None:
         raise SpecError(f"{path}: {key}: {reason}")
 
-    if spec.generate is not None and spec.generate.shard is not None:
-        try:
-            parse_shard(spec.generate.shard, f"{path}: [generate] shard")
-        except ValueError as exc:
-            raise SpecError(str(exc)) from None
-        if spec.s3 is None:
-            fail("[generate] shard", "a shard of a campaign needs [s3]: every node writes to "
-                 "one S3 prefix, where the union is verified")
     if spec.queue is not None:
         q = spec.queue
         if spec.s3 is None:
@@ -373,8 +355,6 @@ def _check(spec: RunSpec, path: Path) -> None:
             fail("[queue] backup_after", f"{q.backup_after}: must be at least 1")
         if not q.poll_s > 0:
             fail("[queue] poll_s", f"{q.poll_s}: must be above 0")
-        if spec.generate is not None and spec.generate.shard is not None:
-            fail("[queue]", "a queue node takes no [generate] shard")
     name_bad = name_problem(spec.run.name)
     if name_bad is not None:
         fail("[run] name", f"{spec.run.name!r} {name_bad}")

@@ -15,24 +15,19 @@ from typing import Any
 import msgspec
 
 from agents import __version__
-from agents.engine.ownership import FILE as OWNERSHIP_FILE
-from agents.engine.ownership import Ownership
 from agents.rundir.browse import read_regular
 from agents.rundir.schema import (
     DiskStatus,
     GpuStats,
-    OwnershipSummary,
     Progress,
     ServerProgress,
     ServerState,
     ServerStatus,
     Snapshot,
     TrainProgress,
-    pin_decoder,
     progress_decoder,
     train_progress_decoder,
 )
-from agents.rundir.shard import parse_shard
 from agents.supervise.procinfo import alive
 
 
@@ -142,28 +137,7 @@ def read_progress(run_dir: Path) -> tuple[Progress | None, float | None]:
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         # Missing, a FIFO, a folder, a symlink or torn: no progress (never a hang or a crash).
         return None, None
-    _overlay_ownership(run_dir, p)
     return p, max(0.0, time.time() - p.updated_at)
-
-
-def _overlay_ownership(run_dir: Path, p: Progress) -> None:
-    """A cede or adopt made while no engine ran (ownership.jsonl) is newer than progress.json:
-    status shows the journal, and the count owned that follows from it."""
-    try:
-        data = read_regular(run_dir / OWNERSHIP_FILE)
-    except FileNotFoundError:
-        return
-    except OSError:
-        return
-    try:
-        owner = Ownership(parse_shard(p.shard, "progress.json") if p.shard else None)
-        owner.apply_bytes(data, str(run_dir / OWNERSHIP_FILE))
-        lines = pin_decoder.decode(read_regular(run_dir / "run.pin.json")).prompts_lines
-    except (OSError, ValueError, msgspec.DecodeError, msgspec.ValidationError):
-        return  # status goes on with progress.json's own figures
-    behind = p.ownership.s3_behind if p.ownership is not None else False
-    p.ownership = msgspec.convert({**owner.summary(), "s3_behind": behind}, OwnershipSummary)
-    p.total = owner.count(lines)
 
 
 def read_train_progress(run_dir: Path) -> TrainProgress | None:

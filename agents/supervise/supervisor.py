@@ -19,15 +19,11 @@ from typing import Any
 
 from agents import __version__
 from agents.engine import EngineError
-from agents.engine.moves import adopt_offline, cede_offline
 from agents.engine.run import Engine
 from agents.engine.serverload import ServerLoad
 from agents.engine.store import StoreError
 from agents.engine.uploader import S3Unavailable
 from agents.rpc.campaign import (
-    adopt_params,
-    cede_params,
-    event_reply,
     launch_check,
     launch_overrides,
 )
@@ -40,7 +36,6 @@ from agents.rpc.protocol import (
     dispatch_line,
     notification,
 )
-from agents.rpc.reassign import reassign
 from agents.rpc.sockpath import SocketDirError, remove_stale_sockets, socket_path
 from agents.rpc.train_launch import launched_otherwise
 from agents.rundir.control import audit
@@ -79,12 +74,11 @@ class Supervisor:
         self.urlwatch: UrlWatch | None = None
         self.engine: Engine | None = None
         self.engine_task: asyncio.Task[int] | None = None
-        self._rerun_job = False  # an adopt reached an ending engine: start the next one
         self.job_refused = False  # the last start_job was refused (status says failed)
         # A new engine is being prepared: status says starting, not the last engine's word
         # (a done node restarted by an adopt or a resume read as idle for up to a second).
         self.preparing_job = False
-        self._prepared = asyncio.Event()  # clear while preparing: a cede or adopt waits for it
+        self._prepared = asyncio.Event()  # clear while an engine is being prepared
         self._prepared.set()
         self.train_proc: subprocess.Popen[bytes] | None = None
         self.alerts = AlertBook(self.spec.alerts)
@@ -236,8 +230,7 @@ class Supervisor:
         self.engine_task.add_done_callback(self._job_ended)
 
     async def _start_if_idle(self) -> None:
-        """start_job, unless a job runs or is being prepared already (its engine reads the
-        ownership journal as it is then, adopts included)."""
+        """start_job, unless a job runs or is being prepared already."""
         if not self.job_running() and not self.preparing_job:
             await self.start_job()
 
@@ -264,10 +257,6 @@ class Supervisor:
     def _job_ended(self, task: asyncio.Task[int]) -> None:
         if task.cancelled():
             return
-        if self._rerun_job and task.exception() is None:
-            # An adopt came in as the engine ended: a new engine sends what was adopted.
-            self._rerun_job = False
-            self._spawn(self._start_if_idle())
         exc = task.exception()
         if exc is not None:
             self.status = "failed"
@@ -463,64 +452,7 @@ class Supervisor:
             otherwise = launched_otherwise(p, self.spec)
             if otherwise is not None:
                 raise RpcError(REFUSED, otherwise)
-            wanted = p.get("shard")
-            have = self.spec.shard.text if self.spec.shard else None
-            if wanted is not None and wanted != have:
-                raise RpcError(REFUSED, f"{self.run_dir}: this run is shard {have or 'none'}, "
-                               f"not {wanted}; its supervisor runs what it was launched with")
             return await resume(p)
-
-        async def cede(p: dict[str, Any]) -> Any:
-            id_, count = cede_params(p)
-            audit(self.run_dir, "cede", {"id": id_, "count": count}, p.get("who"))
-            await self._prepared.wait()  # an engine being prepared holds run.lock: ask it
-            engine = self.engine
-            try:
-                if engine is not None and self.job_running():
-                    have = engine.owner.cedes.get(id_)
-                    if have is None and engine.feed_over:
-                        raise EngineError(f"{self.run_dir}: the run is finishing: nothing left "
-                                          "to cede")
-                    return event_reply(have or await engine.cede(id_, count))
-                ev, s3_error = await asyncio.to_thread(cede_offline, self.run_dir, id_, count)
-                if engine is not None:
-                    engine.owner.apply(ev)  # the ended engine's figures are what status shows
-                return event_reply(ev, s3_error)
-            except (EngineError, SpecError, OSError, ValueError) as exc:
-                raise RpcError(REFUSED, str(exc)) from None
-
-        async def adopt(p: dict[str, Any]) -> Any:
-            id_, ranges, node, shard = adopt_params(p)
-            audit(self.run_dir, "adopt", {"id": id_, "node": node, "shard": shard},
-                  p.get("who"))
-            await self._prepared.wait()
-            engine = self.engine
-            try:
-                if engine is not None and self.job_running() and engine.owner.writable:
-                    ev = await engine.adopt(id_, ranges, node, shard)
-                    if engine.feed_over:
-                        # Journaled by an engine that is ending: the next one sends them.
-                        self._rerun_job = True
-                        if not self.job_running():
-                            self._rerun_job = False
-                            await self._start_if_idle()
-                    return event_reply(ev)
-                if self.job_running():  # ending: wait for run.lock to be free
-                    assert self.engine_task is not None
-                    await asyncio.wait({self.engine_task}, timeout=120)
-                ev, s3_error = await asyncio.to_thread(adopt_offline, self.run_dir, id_,
-                                                       ranges, node, shard)
-                if engine is not None:
-                    engine.owner.apply(ev)
-            except (EngineError, SpecError, OSError, ValueError) as exc:
-                raise RpcError(REFUSED, str(exc)) from None
-            if not self.job_running() and not self.starting and not self.preparing_job:
-                self.message = None
-                await self.start_job()
-            return event_reply(ev, s3_error)
-
-        async def reassign_(p: dict[str, Any]) -> Any:
-            return await reassign(self.run_dir, p, adopt)
 
         async def restart_server(p: dict[str, Any]) -> Any:
             n = int(p["server"])
@@ -537,9 +469,8 @@ class Supervisor:
 
         methods: dict[str, Any] = self.control.methods()
         methods.update(hello=hello, status=status, subscribe=subscribe, unsubscribe=unsubscribe,
-                       stop=stop, down=down, resume=resume, launch=launch, cede=cede,
+                       stop=stop, down=down, resume=resume, launch=launch,
                        resume_from_s3=resume_from_s3,
-                       adopt=adopt, reassign=reassign_,
                        restart_server=restart_server)
         return methods
 

@@ -2,9 +2,9 @@
 
 The gate passes only when the run is done or stopped, the node's `verify` passes, and every
 artifact of the pull set is here with a matching sha256; otherwise it lists what is missing.
-A node of a generation campaign must also have its journals in S3 as they are on its disk and
-no ceded range that nobody adopted (judged from S3 by its own agent): then it can go back
-while the campaign's other nodes still run.
+A node of a generation campaign must also hold no chunk of the queue: then it can go back
+while the campaign's other nodes still run, and its agent records that in the campaign's
+prefix (`nodes/NODE/given-back.json`), where every console sees it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import ManifestEntry
@@ -33,9 +31,7 @@ from console.artifacts.pullset import (
     save_manifest,
 )
 from console.artifacts.sources import PullError, open_source
-from console.campaign_rebalance import target_of
 from console.fleet import Campaign, Fleet, Node
-from console.given_back import record_path, write_record
 from console.headless import (
     EXIT_CHECK,
     EXIT_OK,
@@ -101,8 +97,8 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
 
 
 def generation_campaign(fleet: Fleet, node: str) -> Campaign | None:
-    """The generation campaign `node` is a shard of, whose items the checklist adds (its
-    journals in S3, no cede waiting for an adopter); None for any other node."""
+    """The generation campaign `node` takes work for, whose items the checklist adds (no
+    chunk it took left without a commit); None for any other node."""
     campaign = fleet.campaign_of(node)
     if campaign is None or fleet.campaign_role(campaign) != "generate":
         return None
@@ -112,8 +108,9 @@ def generation_campaign(fleet: Fleet, node: str) -> Campaign | None:
 async def checklist(link: AgentLink, node: Node, pull_dir: Path,
                     campaign: Campaign | None = None, proof_dir: Path | None = None
                     ) -> Checklist:
-    """The checklist against the copy in `pull_dir`; a pass is kept in `proof_dir` (the
-    fleet's pull dir, where campaign views look; default `pull_dir`)."""
+    """The checklist against the copy in `pull_dir`. A campaign node that passes writes its
+    given-back record into the campaign's prefix (through its agent), which any console
+    reads; `proof_dir` is unused and kept for callers."""
     snap, entries, chosen = await _context(link, node, False)
     dest = dest_for(pull_dir, node, snap.get("run"))
     status = snap.get("status")
@@ -157,62 +154,32 @@ async def checklist(link: AgentLink, node: Node, pull_dir: Path,
                    "then pull again")
     items.append(Item("artifacts pulled", not missing, detail, missing))
     result = Checklist(node.name, str(dest), items)
-    await asyncio.to_thread(_keep_proof, result, proof_dir or pull_dir, node, snap)
+    if campaign is not None and result.ok:
+        try:
+            await link.call("queue_give_back", {}, timeout=120)
+            result.items.append(Item("given back in the queue", True,
+                                     f"recorded in campaign {shown(campaign.name)}'s prefix: "
+                                     "every console sees the node as given back"))
+        except RpcError as exc:
+            result.items.append(Item("given back in the queue", False, shown(exc.message)))
     return result
-
-
-def _keep_proof(result: Checklist, pull_dir: Path, node: Node, snap: dict[str, Any]) -> None:
-    """A pass is kept (console/given_back.py: the campaign goes on without the node once it
-    is gone); a check that fails removes an earlier pass, which no longer proves anything."""
-    path = record_path(pull_dir, node.name)
-    if not result.ok:
-        path.unlink(missing_ok=True)
-        return
-    try:
-        write_record(pull_dir, node.name, snap)
-    except (OSError, msgspec.ValidationError) as exc:
-        result.items.append(Item("proof kept", False,
-                                 f"cannot keep the pass in {shown(str(path))}: "
-                                 f"{shown(str(exc))}; a campaign would count the node as lost "
-                                 "once it is gone"))
 
 
 async def campaign_items(link: AgentLink, node: Node, campaign: Campaign,
                          snap: dict[str, Any]) -> list[Item]:
-    """A campaign node's shard is safe to leave only when what the campaign judges it by is
-    in S3: its journals as on its disk, and none of its cedes waiting for an adopter."""
+    """A campaign node is safe to leave once it holds nothing the campaign still needs: no
+    chunk it took is left without a commit (its own, or another node's after a takeover)."""
     progress = snap.get("progress") if isinstance(snap.get("progress"), dict) else None
-    ownership = (progress or {}).get("ownership")
-    if not isinstance(ownership, dict):
-        journals = Item("journals in S3", False, "the run reports no journals (not a shard "
-                        "of a campaign, or never started): nothing says S3 has them")
-    elif ownership.get("s3_behind"):
-        journals = Item("journals in S3", False, "its failures.jsonl or ownership.jsonl in S3 "
-                        "is behind the disk: resume the run (or wait) until it uploads them")
-    else:
-        journals = Item("journals in S3", True, "failures.jsonl and ownership.jsonl in S3 "
-                        "are as on the disk")
-    shard = campaign.shard(node.name)
-    try:
-        report = await link.call("verify_union", {"shards": len(campaign.nodes),
-                                                  "nodes": list(campaign.nodes),
-                                                  "batches": False}, timeout=600)
-    except RpcError as exc:
-        return [journals, Item("no unadopted cede", False, shown(exc.message))]
-    unadopted = [u for u in report.get("unadopted") or [] if isinstance(u, dict)]
-    waiting = [u for u in unadopted if u.get("shard") == shard]
-    # A cede of a rebalance move may be adopted only by the node the move was for.
-    waiting += [u for u in unadopted if u not in waiting and isinstance(u.get("id"), str)
-                and isinstance(u.get("node"), str)
-                and target_of(campaign, u["id"], u["node"]) == node.name]
-    named = [f"{shown(str(u.get('id')))}: {u.get('count')} indices ({shown(str(u.get('ranges')))})"
-             for u in waiting]
-    cede = Item("no unadopted cede", not waiting,
-                f"every range shard {shard} ceded was adopted, and none waits for this node"
-                if not waiting else
-                f"{len(waiting)} ceded range(s) of or for shard {shard} nobody adopted: adopt "
-                f"them (`fleetdeck rebalance {campaign.name}`) before the node goes", named)
-    return [journals, cede]
+    queue = (progress or {}).get("queue")
+    if not isinstance(queue, dict):
+        return [Item("no chunk held", False, "the run reports no queue (not a node of a "
+                     "campaign, or never started): nothing says it holds no work")]
+    held = [shown(str(h)) for h in queue.get("held") or []]
+    if held:
+        return [Item("no chunk held", False, f"it holds chunk(s) {', '.join(held)}: let it "
+                     "finish, or stop it and let their leases be taken over", held)]
+    return [Item("no chunk held", True, f"no chunk held; {queue.get('committed_here', 0)} "
+                 f"committed by this node, {queue.get('lost', 0)} lost to another")]
 
 
 def verify_summary(report: dict[str, Any]) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any, ClassVar
 
 from textual import on
@@ -24,7 +23,6 @@ from agents.rpc.protocol import RpcError
 from agents.rundir.schema import Alert
 from console.actions import ACTIONS, BY_ID
 from console.alerting import run_alert_command
-from console.campaign_rebalance import CALL_TIMEOUT_S, AutoRebalance
 from console.fleet import Fleet, Node
 from console.linkstate import LinkState
 from console.sanitize import shown_markup
@@ -56,7 +54,7 @@ from themes import stylesheet
 from themes.palette import DEFAULT_THEME, NAMES, THEMES
 
 REDRAW_S = 0.5  # at most two redraws a second, however many nodes report
-REBALANCE_S = 1.0  # how often an auto-rebalanced campaign is looked at (a round: 5 s apart)
+QUEUE_LOOK_S = 30.0  # how often a generation campaign's queue is asked for its given-back nodes
 AGES_S = 1.0  # ages on screen tick at least once a second
 HISTORY_WINDOW_S = 3600.0
 CLOSE_TIMEOUT_S = 10.0
@@ -108,13 +106,9 @@ class FleetdeckApp(App[int]):
         self.links: dict[str, AgentLink] = {}
         self.controls = Controls(self)
         self.campaign_controls = CampaignControls(self, self.controls)
-        # [[campaigns]] rebalance = "auto": the tail moves on the refresh (never read-only).
-        self.rebalancers = [] if self.read_only else [
-            AutoRebalance(fleet, c, partial(self.call_node, timeout=CALL_TIMEOUT_S),
-                          partial(self.report, c.name), partial(self.report, c.name, ok=False),
-                          clock=clock)
-            for c in fleet.campaigns
-            if c.rebalance == "auto" and fleet.campaign_role(c) == "generate"]
+        # Generation campaigns: their queues say which nodes were given back (any console's
+        # decommission-check records it in the campaign's prefix).
+        self.queued = [c for c in fleet.campaigns if fleet.campaign_role(c) == "generate"]
         self.render_errors: list[str] = []
         self._drawn: tuple[int, ...] = ()
         self._last_draw = 0.0
@@ -148,8 +142,8 @@ class FleetdeckApp(App[int]):
             for node in self.fleet.nodes:
                 self.start_link(node)
         self.set_interval(REDRAW_S, self._tick)
-        if self.connect and self.rebalancers:
-            self.set_interval(REBALANCE_S, self._rebalance)
+        if self.connect and self.queued:
+            self.set_interval(QUEUE_LOOK_S, self._look_at_queues)
         self.call_after_refresh(self.redraw)
         if self.note:
             self.notify(self.note, timeout=20)
@@ -290,11 +284,26 @@ class FleetdeckApp(App[int]):
                         severity="error",
                         timeout=15)
 
-    def _rebalance(self) -> None:
-        for r in self.rebalancers:
-            if r.due(self.state):
-                self.run_worker(r.round(self.state), name=f"rebalance {r.campaign.name}",
-                                group="rebalance", exit_on_error=False)
+    def _look_at_queues(self) -> None:
+        for c in self.queued:
+            self.run_worker(self._look_at_queue(c), name=f"queue {c.name}", group="queue",
+                            exclusive=False, exit_on_error=False)
+
+    async def _look_at_queue(self, campaign: Any) -> None:
+        """One connected node's `queue_status`: the campaign's given-back nodes, from S3."""
+        for name in campaign.nodes:
+            if self.connected_link(name) is None:
+                continue
+            try:
+                answer = await self.call_node(name, "queue_status", {}, timeout=60.0)
+            except Exception:  # that node cannot say: the next one may
+                continue
+            nodes = answer.get("nodes", {}) if isinstance(answer, dict) else {}
+            gone = {n for n, v in nodes.items() if isinstance(v, dict) and "given_back" in v}
+            if gone != self.state.given_back.get(campaign.name, set()):
+                self.state.given_back[campaign.name] = gone
+                self.state.version += 1
+            return
 
     # -- drawing ----------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """Actions on a campaign's row or screen: asked once, then sent to every node of the campaign
 as that node's own call (each node audits it under its own `who`), all at once; each node's
 outcome is reported as it would be for that node alone, then a line for the whole. Launch
-asks every node first (the check round of console/campaign_launch.py) and starts nothing
-unless all of them pass."""
+asks every node first (the check round of console/queue/launch.py) and starts nothing
+unless all of them pass. Retry on a generation campaign is the queue's: one node makes the
+new generation from the commits, then every node is resumed to run it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from console.actions import BY_ID
-from console.campaign_launch import check_problems, launch_params, spec_problem
 from console.fleet import Campaign
+from console.queue.launch import check_problems, launch_params, spec_problem
 from console.tui.handlers import Controls
 from console.tui.port import ActionPort
 from console.tui.widgets import figures as f
@@ -34,7 +35,7 @@ class CampaignControls:
         if action_id not in CAMPAIGN_ACTIONS:
             title = BY_ID[action_id].title if action_id in BY_ID else action_id
             self.port.notify(f"{name}: {title} is one node's action; open the campaign and a "
-                             "shard (enter) for it", severity="warning")
+                             "node (enter) for it", severity="warning")
             return
         await getattr(self, action_id)(campaign)
 
@@ -108,10 +109,26 @@ class CampaignControls:
                 failed, truncated = failed + p.failed, truncated + p.truncated
         what = await self.port.ask(RetryModal(
             f"every node of {campaign.name}",
-            f"failed now {f.num(failed)}, truncated {f.num(truncated)} across its shards"))
-        if what:
+            f"failed now {f.num(failed)}, truncated {f.num(truncated)} across its nodes"))
+        if not what:
+            return
+        if self.port.fleet.campaign_role(campaign) != "generate":
             await self.each(campaign, f"retry {what}", lambda n: self.controls.simple(
                 n, "retry", f"retry {what}: re-queued", {"what": what}))
+            return
+        answer = None
+        for n in campaign.nodes:
+            answer = await self.controls.call(n, "queue_retry", {"what": what}, timeout=300)
+            if isinstance(answer, dict):
+                break
+        if not isinstance(answer, dict):
+            self.port.report(campaign.name, f"retry {what}: no node could make the new "
+                             "generation", ok=False)
+            return
+        self.port.report(campaign.name, f"retry {what}: {answer.get('summary')}")
+        if answer.get("generation") is not None:
+            await self.each(campaign, "resume for the new generation",
+                            lambda n: self.controls.simple(n, "resume", "resumed"))
 
     async def launch(self, campaign: Campaign) -> None:
         fleet = self.port.fleet
@@ -119,13 +136,14 @@ class CampaignControls:
         if missing is not None:
             self.port.report(campaign.name, missing, ok=False)
             return
-        what = "rank" if fleet.campaign_role(campaign) == "train" else "shard"
-        each = ", ".join(f"{n} {campaign.shard(n)}" for n in campaign.nodes)
+        train = fleet.campaign_role(campaign) == "train"
+        each = ", ".join(f"{n} rank {campaign.position(n)}" if train else n
+                         for n in campaign.nodes)
         if not await self.controls.confirm(
                 f"Launch campaign {campaign.name} on {len(campaign.nodes)} nodes?",
-                f"Each node starts its {what} ({each}) after every node has passed a check "
-                f"(the same prompts file, shards that split it exactly once); if one fails, "
-                f"nothing starts anywhere."):
+                f"Each node ({each}) starts after every node has passed a check (the same "
+                f"prompts file, one queue prefix whose store honours conditional writes); if "
+                f"one fails, nothing starts anywhere."):
             return
         params = {n: launch_params(fleet, campaign, fleet.node(n), None) for n in campaign.nodes}
         checks = await asyncio.gather(*(self.controls.call(
@@ -148,7 +166,7 @@ class CampaignControls:
             if isinstance(reply, dict):
                 said = reply.get("status") or f"started, supervisor pid " \
                     f"{reply.get('supervisor_pid')}"
-                self.port.report(n, f"launch ({what} {campaign.shard(n)}): {said}")
+                self.port.report(n, f"launch: {said}")
             return reply
 
         await self.each(campaign, "launch", start)

@@ -10,13 +10,6 @@ from tests.benchmarks.smoke import ratios, run_bench
 NUM = r"(\d+(?:\.\d+)?)"
 
 
-def test_campaign() -> None:
-    out = run_bench("campaign.py", "--prompts", "40", "--max-tokens", "16", "--batch-size", "5",
-                    "--min", "2", "--rounds", "3")
-    ratios(out, rf"ratio time to finish, rebalance --auto / left alone: {NUM}x")
-    ratios(out, rf"ratio console CPU per refresh, 32 nodes / 1 node: {NUM}x")
-
-
 def test_tui() -> None:
     out = run_bench("tui.py", "--seconds", "2", "--nodes", "4", "--gpus", "2")
     ratios(out, rf"CPU {NUM}x the bare DataTable's; p95 per update {NUM}x, worst bound {NUM}x",

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from console.fleet import Campaign, ConsoleSettings, Fleet, Node
-from console.given_back import write_record
 from console.tui.app import FleetdeckApp
 from console.tui.screens.campaign import CampaignScreen
 from console.tui.screens.node import GenerateScreen
@@ -51,11 +50,11 @@ async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> Non
                         "both nodes running")
             await until(pilot, lambda: "2/2 live" in screen_text(app), 120, "the campaign row")
             text = screen_text(app)
-            assert text.index("▸ traces") < text.index("└ gen-1 0/2") < text.index("└ gen-2 1/2")
+            assert text.index("▸ traces") < text.index("└ gen-1") < text.index("└ gen-2")
             assert app.current_campaign() == "traces" and app.current_node() is None
 
-            # Launch on the campaign: the check round refuses (these run dirs hold unsharded
-            # runs already), each node says why, and nothing starts or stops anywhere.
+            # Launch on the campaign: the check round refuses (these specs have no [s3], so
+            # no queue), each node says why, and nothing starts or stops anywhere.
             launches = [audited(r.run_dir).count("launch") for r in runs]
             await pilot.press("L")
             await confirm(pilot, app, "Launch campaign traces on 2 nodes?")
@@ -64,7 +63,7 @@ async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> Non
                         "the refused launch")
             assert rec.has("gen-1: Launch refused: ") and rec.has("gen-2: Launch refused: ")
             assert [audited(r.run_dir).count("launch") for r in runs] == launches
-            assert every(lambda p: p.status == "running" and p.shard is None)
+            assert every(lambda p: p.status == "running" and p.queue is None)
 
             await pilot.press("p")  # the cursor is on the campaign's row
             await until(pilot, lambda: every(lambda p: p.paused), 120, "both paused")
@@ -78,13 +77,13 @@ async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> Non
             await pilot.press("enter")
             await until(pilot, lambda: every(lambda p: p.concurrency == 5), 120, "5 on both")
 
-            # Enter: the campaign's shards; its actions still go to every node.
+            # Enter: the campaign's nodes; its actions still go to every node.
             await pilot.press("enter")
             screen = await until(pilot, lambda: on_screen(app, CampaignScreen),
                                  120, "the campaign screen")
-            await until(pilot, lambda: "0/2" in screen_text(app) and "1/2" in screen_text(app)
-                        and "generate campaign · 2/2 live" in screen_text(app), 120,
-                        "the shards listed")
+            await until(pilot, lambda: "gen-1" in screen_text(app) and "gen-2" in
+                        screen_text(app) and "generate campaign · 2/2 live" in screen_text(app),
+                        120, "the nodes listed")
             await pilot.press("m")
             await answer_value(pilot, app, "300")
             await pilot.press("enter")
@@ -93,8 +92,8 @@ async def test_actions_on_a_campaign_row_reach_every_node(tmp_path: Path) -> Non
             # One node's action on a campaign: refused with a pointer, nothing sent.
             await pilot.press("l")
             await until(pilot, lambda: rec.has("traces: Logs is one node's action"), 120,
-                        "the pointer to a shard")
-            await pilot.press("enter")  # the cursor is on the first shard
+                        "the pointer to a node")
+            await pilot.press("enter")  # the cursor is on the first node
             node = await until(pilot, lambda: on_screen(app, GenerateScreen), 120, "gen-1's screen")
             assert node.node_name == "gen-1" and screen is not app.screen
         # Each node audited each call itself (its own line, its own `who`).
@@ -118,13 +117,18 @@ def campaign_app() -> FleetdeckApp:
 
 async def feed(pilot: Any) -> None:
     app: FleetdeckApp = pilot.app
-    cede = {"cedes": [{"id": "rb-7", "count": 12_000, "time": d.NOW - 60}], "adopts": []}
+    def queue(node: str, committed: int, held: list[str]) -> dict[str, Any]:
+        return {"node": node, "run_id": f"20261201T0000-{node}", "chunks": 914,
+                "committed": committed, "committed_here": committed // 2, "held": held,
+                "prompts_lines": 913_786, "chunk_size": 1000}
+
     app.ingest("gen-1", d.generate_snapshot(progress=d.progress(
-        shard="0/2", campaign="qwen-all", ownership=cede)))
-    # gen-2 is the slower shard: the campaign's ETA is its, and the band's ends the larger.
+        campaign="qwen-all", queue=queue("gen-1", 860, ["861", "862"]))))
+    # gen-2 listed the queue a moment earlier: the roll-up takes the freshest count.
     app.ingest("gen-2", d.generate_snapshot(alerts=[], progress=d.progress(
-        shard="1/2", campaign="qwen-all", completed=412_040, failed=95, truncated=70_112,
-        rate_per_sec=12.9, eta_hours=10.1, eta_p10_hours=9.6, eta_p90_hours=11.9)))
+        campaign="qwen-all", completed=412_040, failed=95, truncated=70_112,
+        rate_per_sec=12.9, eta_hours=10.1, eta_p10_hours=9.6, eta_p90_hours=11.9,
+        queue=queue("gen-2", 858, ["863"]))))
     app.ingest("train-1", d.train_snapshot())
     for name in ("gen-1", "gen-2", "train-1"):
         app.state.set_link(name, "connected", None)
@@ -152,16 +156,16 @@ def test_campaign_screen(snap_compare: Any) -> None:
 
 async def test_a_node_given_back_shows_as_given_back_and_its_shard_still_counts(
         tmp_path: Path) -> None:
-    # gen-2 passed decommission-check (the console kept the pass) and no longer answers.
+    # gen-2 passed decommission-check (its record is in the queue's prefix, as the TUI's
+    # last look at the queue found) and no longer answers.
     app = campaign_app()
-    app.fleet.console.pull_dir = str(tmp_path / "pulls")
     gen2 = d.generate_snapshot(alerts=[], status="done", progress=d.progress(
-        shard="1/2", campaign="qwen-all", status="done", completed=456_893, total=456_893,
+        campaign="qwen-all", status="done", completed=456_893, total=456_893,
         failed=0, rate_per_sec=0.0, eta_hours=0.0))
-    write_record(app.fleet.pull_dir, "gen-2", gen2)
+    app.state.given_back["qwen-all"] = {"gen-2"}
     async with app.run_test(size=SIZE) as pilot:
         app.ingest("gen-1", d.generate_snapshot(progress=d.progress(
-            shard="0/2", campaign="qwen-all", completed=400_000, total=456_893)))
+            campaign="qwen-all", completed=400_000, total=456_893)))
         app.state.set_link("gen-1", "connected", None)
         app.state.nodes["gen-1"].received_at = d.NOW - 1
         # It answered once (the TUI keeps the last snapshot of a lost link), then went.
@@ -172,6 +176,6 @@ async def test_a_node_given_back_shows_as_given_back_and_its_shard_still_counts(
         lines = screen_text(app).splitlines()
         campaign = next(x for x in lines if "campaign · 2 nodes" in x)
         assert "1/2 live, 1 given back" in campaign
-        assert "856.9k/913.8k" in campaign  # both shards' figures
+        assert "856.9k/913.8k" in campaign  # both nodes' figures
         gen2 = next(x for x in lines if "└ gen-2" in x)
         assert gen2.rstrip().endswith("given back") and "unreachable" not in gen2

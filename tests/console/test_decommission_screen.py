@@ -50,8 +50,8 @@ async def test_red_items_then_pull_then_all_green(finished_run: Path, tmp_path: 
 
 async def test_a_campaign_node_gets_the_campaign_items_in_the_tui(tmp_path: Path) -> None:
     """The TUI's checklist of a generation campaign's node has the headless one's campaign
-    items (its journals in S3, no cede waiting): a shard cannot look safe on one and not on
-    the other. Here the run is no shard at all, so the journals item says so."""
+    item (no chunk of the queue held): a node cannot look safe on one and not on the other.
+    Here the run never took work from a queue, so the item says so."""
     from console.fleet import Campaign
 
     run_dir = tmp_path / "run"
@@ -71,4 +71,4 @@ async def test_a_campaign_node_gets_the_campaign_items_in_the_tui(tmp_path: Path
         verdict = screen.query_one("#verdict", Label)
         await until(pilot, lambda: "NOT safe" in str(verdict.render()), 120, "the check")
         text = str(screen.query_one("#items", Static).render())
-        assert "✗ journals in S3" in text and "not a shard" in text
+        assert "✗ no chunk held" in text and "not a node of a campaign" in text

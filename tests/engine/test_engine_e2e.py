@@ -84,7 +84,7 @@ def test_three_servers_one_flaky_one_crashing(tmp_path: Path, sims, s3: S3Server
     pin = json.loads(s3.client().get_object(
         Bucket=s3.bucket, Key="runs/test/journals/run/run.pin.json")["Body"].read())
     assert pin == json.loads((engine.run_dir / "run.pin.json").read_text())
-    assert progress["shard"] is None and progress["ownership"] is None
+    assert progress["queue"] is None and progress["campaign"] is None
     sizes = [len(p.read_text().splitlines())
              for p in sorted((engine.run_dir / "completions").glob("*.jsonl"))]
     assert all(s == 100 for s in sizes[:-1]) and 0 < sizes[-1] <= 100

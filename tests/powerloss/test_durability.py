@@ -15,7 +15,6 @@ import torch
 
 from agents.engine.durable import DurableAppend
 from agents.engine.journal import Journal, failed
-from agents.engine.ownership import Ownership, cede_event
 from agents.engine.store import BatchStore
 from agents.rundir import secrets
 from agents.rundir.atomic import AppendLog, fsync_dir
@@ -81,19 +80,14 @@ def test_a_durable_append_file_s_name_survives(forgetful_dir: ForgetfulDir, name
     assert (forgetful_dir / name).read_bytes() == b"1\n"
 
 
-def test_the_journal_and_the_ownership_journal_keep_what_they_returned(
-        forgetful_dir: ForgetfulDir) -> None:
+def test_the_journal_keeps_what_it_returned(forgetful_dir: ForgetfulDir) -> None:
     journal = Journal(forgetful_dir / "failures.jsonl")
     journal.recover()
     journal.append([failed(3, "timeout", "no answer", 3, 0)])
     journal.close()
-    own = Ownership.load(forgetful_dir.path, None, write=True)
-    own.record(cede_event("c1", [5, 6, 7]))
-    own.close()
     forgetful_dir.power_loss()
     again = Journal(forgetful_dir / "failures.jsonl")
     assert again.recover().last == {3: ("failed", 1, "timeout")}
-    assert Ownership.load(forgetful_dir.path, None).ceded == {5, 6, 7}
 
 
 def test_control_changes_and_their_audit_survive_at_every_cut(forgetful_dir: ForgetfulDir,

@@ -1,7 +1,7 @@
-"""A campaign's screen: the roll-up in the bar (done / total across shards, rate, the slowest
-shard's ETA with its band, failures, truncation), what needs a person (ceded ranges nobody
-adopted, a node on another shard), a row per shard, and the shards' alerts. Actions here apply
-to every node of the campaign; enter on a shard opens its node."""
+"""A campaign's screen: the roll-up in the bar (the queue's chunks committed of all, lines
+done, rate, the ETA of what is left, failures, truncation), what needs a person (a node that
+cannot reach the queue, a node of another campaign), a row per node, and the nodes' alerts.
+Actions here apply to every node of the campaign; enter on a node opens it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from textual.app import ComposeResult
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Label, Static
 
-from console.campaign import Rollup, from_state
+from console.queue.rollup import Rollup, from_state
 from console.sanitize import shown
 from console.tui.screens.base import View, ViewContext
 from console.tui.widgets import figures as f
 from console.tui.widgets.alert_list import AlertList
-from console.tui.widgets.campaign_table import ShardTable
+from console.tui.widgets.campaign_table import MemberTable
 from console.tui.widgets.keys import key_for
 from console.tui.widgets.tones import RUN_TONE, style
 
@@ -25,7 +25,7 @@ def campaign_bar(r: Rollup, ctx: ViewContext) -> Text:
     · failed 1,188 · truncated 17.5% · ETA 10.4 h (9.1 h–12.2 h) gen-2`"""
     text = Text()
     text.append(f" {r.campaign} ", style="bold reverse")
-    live = sum(1 for s in r.shards if s.link == "connected")
+    live = sum(1 for s in r.rows if s.link == "connected")
     text.append(f"  {r.role} campaign · ")
     text.append(f"{live}/{r.nodes} live", style=style(ctx.theme, "warn" if live < r.nodes
                                                              else None))
@@ -35,7 +35,10 @@ def campaign_bar(r: Rollup, ctx: ViewContext) -> Text:
         if r.step is not None:
             text.append(f" · step {f.num(r.step)}/{f.num(r.total_steps)} (rank 0)")
     else:
-        text.append(f" · {f.si(r.completed)}/{f.si(r.total)} ({f.pct(r.completed, r.total)})"
+        if r.chunks is not None:
+            text.append(f" · {f.num(r.committed)}/{f.num(r.chunks)} chunks "
+                        f"({f.pct(r.committed or 0, r.chunks)})")
+        text.append(f" · {f.si(r.completed)} lines"
                     f" · {f.rate(r.rate_per_sec, ' req/s', 2)} · failed {f.num(r.failed)} · "
                     f"truncated {f.pct(r.truncated, r.completed)}")
     text.append(f" · ETA {f.eta(r.eta_hours, r.eta_p10_hours, r.eta_p90_hours)}")
@@ -62,13 +65,13 @@ class CampaignScreen(View):
     def compose(self) -> ComposeResult:
         yield Static(id="campaign-bar", classes="bar")
         yield Static(id="campaign-warnings")
-        yield ShardTable(id="shard-table")
+        yield MemberTable(id="member-table")
         yield Label("Alerts", classes="pane-title")
         yield AlertList(id="campaign-alerts")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self.query_one(ShardTable).focus()
+        self.query_one(MemberTable).focus()
 
     def show(self, ctx: ViewContext) -> None:
         r = self.rollup = from_state(ctx.state, ctx.state.fleet.campaign(self.campaign_name))
@@ -77,12 +80,12 @@ class CampaignScreen(View):
         warnings.display = bool(r.warnings)
         warnings.update(Text("\n".join(f"⚠ {shown(w)}" for w in r.warnings),
                              style=style(ctx.theme, "warn")))
-        self.query_one(ShardTable).show(r, ctx.state, ctx.now, ctx.theme)
+        self.query_one(MemberTable).show(r, ctx.state, ctx.now, ctx.theme)
         self.query_one(AlertList).show([(a.node, a.alert) for a in r.alerts], ctx.now,
                                        ctx.theme, lambda action: key_for(self, action))
 
     def forget(self) -> None:
-        self.query_one(ShardTable).forget()
+        self.query_one(MemberTable).forget()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.row_key.value is not None:

@@ -8,9 +8,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.theme import Theme
 
-from console.campaign import Rollup, from_state
-from console.given_back import DOWN, judged
-from console.given_back import LINK as GIVEN_BACK
+from console.queue.rollup import GIVEN_BACK, Rollup, from_state
 from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
@@ -26,7 +24,7 @@ STALE_S = 5.0  # older than this, a node's figures are drawn dim: they are not l
 
 def contact(ns: NodeState, now: float, theme: Theme, given_back: bool = False) -> Text:
     """The link's state and the age of the last snapshot: `1 s`, `reconnecting 12 s`; a node
-    that passed decommission-check and no longer answers: `given back`."""
+    its campaign's queue records as given back, and that no longer answers: `given back`."""
     age = ns.age_s(now)
     if given_back:
         return toned(GIVEN_BACK, theme, "muted")
@@ -37,17 +35,19 @@ def contact(ns: NodeState, now: float, theme: Theme, given_back: bool = False) -
     return toned(text, theme, LINK_TONE.get(ns.link, "bad"))
 
 
-def fleet_row(ns: NodeState, now: float, theme: Theme, shard: str | None = None,
+def fleet_row(ns: NodeState, now: float, theme: Theme, place: str | None = None,
               given_back: bool = False) -> Row:
-    """A node's row; `shard`: the node is one of a campaign's, drawn under its row;
-    `given_back`: it passed decommission-check (console/given_back.py)."""
+    """A node's row; `place`: the node is one of a campaign's, drawn under its row (a
+    training campaign's rank; "" for a generation node); `given_back`: its campaign's queue
+    says so."""
     snap = ns.snapshot
     age = ns.age_s(now)
     stale = ns.link != "connected" or age is None or age > STALE_S
     dim = style(theme, "muted") if stale else ""
     name = Text(ns.name, style="bold")
-    if shard is not None:
-        name = Text.assemble(("  └ ", "dim"), (ns.name, "bold"), (f" {shard}", "dim"))
+    if place is not None:
+        name = Text.assemble(("  └ ", "dim"), (ns.name, "bold"),
+                             (f" {place}" if place else "", "dim"))
     role = ns.node.role
     if snap is None:
         blank = Text(f.DASH, style="dim")
@@ -102,8 +102,8 @@ def campaign_row(r: Rollup, theme: Theme) -> Row:
             if r.failed else "0"
     alerts = Text(str(len(r.alerts)), style=style(theme, "bad" if r.critical else "warn")) \
         if r.alerts else Text("0", style="dim")
-    live = sum(1 for s in r.shards if s.link == "connected")
-    gone = sum(1 for s in r.shards if s.link == GIVEN_BACK)
+    live = sum(1 for s in r.rows if s.link == "connected")
+    gone = sum(1 for s in r.rows if s.link == GIVEN_BACK)
     text = f"{live}/{r.nodes} live" + (f", {gone} given back" if gone else "")
     contact = toned(text, theme, "warn" if live + gone < r.nodes else None)
     dim = style(theme, "muted") if not live else ""  # no node live: figures are old
@@ -124,13 +124,13 @@ class FleetTable(LiveTable):
         rows: dict[str, Row] = {}
         self._campaigns = {c.name for c in state.fleet.campaigns}
         for c in state.fleet.campaigns:
-            rows[c.name] = campaign_row(from_state(state, c), theme)
-            for name in c.nodes:
-                if name in state.nodes:
-                    ns = state.nodes[name]
-                    gone = ns.link in DOWN and judged(state.fleet.pull_dir, name, ns.link,
-                                                      ns.snapshot) is not None
-                    rows[name] = fleet_row(ns, now, theme, c.shard(name), gone)
+            r = from_state(state, c)
+            rows[c.name] = campaign_row(r, theme)
+            for line in r.rows:
+                if line.node in state.nodes:
+                    ns = state.nodes[line.node]
+                    place = line.place if line.place != line.node else ""
+                    rows[line.node] = fleet_row(ns, now, theme, place, line.link == GIVEN_BACK)
         for name, ns in state.nodes.items():
             if name not in rows:
                 rows[name] = fleet_row(ns, now, theme)

@@ -1,5 +1,5 @@
-"""The engine under power loss: one recording of a run on simulators (killed -9, a cede and
-adopt made with no engine running, max_tokens raised and `retry truncated`, killed again and
+"""The engine under power loss: one recording of a run on simulators (killed -9, max_tokens
+raised and `retry truncated` with no engine running, killed again and
 its power cut live, then resumed to the end), and the recovery a resume does (the engine's
 prepare: store, journals, totals; then its last progress) on each crash state, checked against
 what the run had claimed before the cut and against a recount of the lines on disk."""
@@ -21,10 +21,7 @@ from typing import Any
 import msgspec
 
 from agents.artifacts.verify import verify_run
-from agents.engine.moves import adopt_offline, cede_offline
-from agents.engine.ownership import Ownership
 from agents.engine.run import Engine
-from agents.rundir import crashpoint
 from agents.rundir.spec import RunSpec, load_spec
 from tests.engine.runs import write_prompts
 from tests.powerloss.harness import REPO, ForgetfulDir
@@ -107,7 +104,6 @@ class Recording:
     spec: Path  # on the real disk; its run dir is on the mount (`run_dir`)
     run_dir: str  # relative to the mount root
     prompts: int
-    moves: list[tuple[int, str]] = field(default_factory=list)  # (ops when it returned, id)
     live: dict[str, Any] = field(default_factory=dict)  # the live cut's findings
 
 
@@ -134,15 +130,6 @@ def _scenario(fs: ForgetfulDir, root: Path, n: int, urls: list[str]) -> Recordin
     a = start(spec, env, logs)
     wait_completed(run_dir, a, n // 5, "engine A's first lines")
     kill_pid(a)  # a crash, not a power loss: the kernel keeps every write
-    ops = lambda: int(fs.stats()["ops"])  # noqa: E731
-    crashpoint.mark_to(env["FLEETDECK_CRASH_MARKS"])  # the moves run here, in this process
-    try:
-        ceded, _ = cede_offline(run_dir, "c1", 12)
-        rec.moves.append((ops(), "c1"))
-        adopt_offline(run_dir, "a1", [tuple(r) for r in ceded.ranges], "node-b", None)
-        rec.moves.append((ops(), "a1"))
-    finally:
-        crashpoint.mark_to(None)
 
     # max_tokens raised and `retry truncated` while no engine runs: B applies both at start.
     for args in (("max-tokens", str(run_dir), "200"), ("retry", str(run_dir), "truncated")):
@@ -290,12 +277,10 @@ def check_totals(run_dir: Path) -> dict[str, Any]:
 class EngineCheck:
     """The recovery a resume does on a crash state, and what must hold after it."""
 
-    def __init__(self, log: list[Op], steps: list[Step], run_dir: str, spec: RunSpec,
-                 moves: list[tuple[int, str]] | None = None) -> None:
+    def __init__(self, log: list[Op], steps: list[Step], run_dir: str, spec: RunSpec) -> None:
         self.said = claims(log, steps, run_dir)
         self.run_dir = run_dir
         self.spec = spec
-        self.moves = moves or []
 
     def __call__(self, k: int, folder: Path) -> dict[str, Any]:
         run_dir = folder / self.run_dir
@@ -320,10 +305,6 @@ class EngineCheck:
             if p["gpu_hours"] + 1e-6 < floor:
                 raise Violation(f"GPU-hours {p['gpu_hours']} after recovery, "
                                 f"{claim.gpu_hours} were reported at op {claim.at}")
-        own = Ownership.load(run_dir, None)
-        for at, id_ in self.moves:
-            if at <= k and id_ not in own.cedes and id_ not in own.adopts:
-                raise Violation(f"the move {id_} had returned, its record is gone")
         return {"lines kept": p["completed"], "GPU-s kept": round(p["gpu_hours"] * 3600)}
 
 
@@ -372,7 +353,7 @@ def torture(fs: ForgetfulDir, root: Path, cuts: int, seed: int,
                      f"{rec.live['left']} recorded after it, resumed to {rec.live['resumed']}")
     steps = annotate(rec.log)
     crash_marks = marks(steps, MARKS)
-    check = EngineCheck(rec.log, steps, rec.run_dir, load_spec(rec.spec), rec.moves)
+    check = EngineCheck(rec.log, steps, rec.run_dir, load_spec(rec.spec))
     points = choose(len(rec.log), crash_marks, cuts, seed, per_kind)
     cut_all(fig, rec.log, points, SHM / f"pl-engine-{os.getpid()}", check)
     fig.notes.append("crash points in the recording: " + ", ".join(

@@ -1,7 +1,11 @@
 """The headless verbs on a campaign: `launch CAMPAIGN --yes` (a check round on every node, then
-every shard started), `status CAMPAIGN` (one roll-up) and the control verbs sent to every node
-of a campaign, each as that node's own call (so each node audits it). Exit codes as headless:
-0 ok, 1 a node refused, 2 usage or input (nothing started), 3 a node unreachable."""
+every node started; a node already running the campaign is left as it is, so a node added to
+the fleet file joins by the same command), `status CAMPAIGN` (one roll-up, with the queue's
+own state from one node), `verify CAMPAIGN` (the proof, from the commits), `retry CAMPAIGN
+failed|truncated` (a new generation, then every node resumed to run it) and the control verbs
+sent to every node, each as that node's own call (so each node audits it). Exit codes as
+headless: 0 ok, 1 a node refused or a check failed, 2 usage or input (nothing started), 3 a
+node unreachable."""
 
 from __future__ import annotations
 
@@ -15,12 +19,8 @@ from typing import Any
 import msgspec
 
 from agents.rpc.protocol import RpcError
-from console import campaign as rollup
 from console.actions import BY_ID
-from console.campaign_launch import check_problems, launch_params, spec_problem
 from console.fleet import Campaign, Fleet, Node
-from console.given_back import LINK as GIVEN_BACK
-from console.given_back import with_given_back
 from console.headless import (
     EXIT_CHECK,
     EXIT_OK,
@@ -28,10 +28,15 @@ from console.headless import (
     EXIT_USAGE,
     VERB_PARAMS,
     NodeStatus,
+    cmd_status,
+    cmd_verb,
     open_link,
     say,
     status_once,
 )
+from console.queue import rollup
+from console.queue.launch import check_problems, launch_params, spec_problem
+from console.queue.rollup import GIVEN_BACK
 from console.sanitize import shown
 from console.transport import AgentLink, Unreachable
 
@@ -119,6 +124,10 @@ async def cmd_campaign_verb(fleet: Fleet, args: argparse.Namespace) -> int:
     method = args.method
     if method == "launch":
         return await cmd_launch(fleet, campaign, args)
+    if method == "retry" and fleet.campaign_role(campaign) == "generate":
+        return await cmd_campaign_retry(fleet, campaign, args)
+    if method == "verify" and fleet.campaign_role(campaign) == "generate":
+        return await cmd_campaign_verify(fleet, campaign, args)
     if method not in FAN_OUT:
         say(f"fleetdeck {args.command}: {campaign.name} is a campaign; {args.command} takes a "
             f"node (on a campaign: launch, status, "
@@ -141,6 +150,20 @@ async def cmd_campaign_verb(fleet: Fleet, args: argparse.Namespace) -> int:
     return _report(outcomes + unreachable, method, campaign.nodes)
 
 
+def for_campaign(fleet: Fleet, args: argparse.Namespace, runner: Any) -> Any:
+    """The runner for this command line: a campaign's own when it names a campaign where a
+    node goes (status, and the verbs headless registers), else `runner` itself."""
+    name = getattr(args, "target", None) if runner is cmd_status else \
+        getattr(args, "node_name", None) if runner is cmd_verb else None
+    if not name or not fleet.has_campaign(name):
+        return runner
+    if runner is cmd_status:
+        if args.node is not None:
+            return runner  # headless refuses a target with --node
+        return lambda f, a: cmd_campaign_status(f, f.campaign(name), a)
+    return cmd_campaign_verb
+
+
 # -- launch -------------------------------------------------------------------------------------
 
 async def cmd_launch(fleet: Fleet, campaign: Campaign, args: argparse.Namespace) -> int:
@@ -153,7 +176,13 @@ async def cmd_launch(fleet: Fleet, campaign: Campaign, args: argparse.Namespace)
     if missing is not None:
         say(missing)
         return EXIT_USAGE
-    nodes = [fleet.node(n) for n in campaign.nodes]
+    only = getattr(args, "only", None) or []
+    strays = [n for n in only if n not in campaign.nodes]
+    if strays:
+        say(f"campaign {campaign.name}: {', '.join(strays)} not one of its nodes "
+            f"({', '.join(campaign.nodes)}): add it to the campaign's nodes in the fleet file")
+        return EXIT_USAGE
+    nodes = [fleet.node(n) for n in (only or campaign.nodes)]
     params = {n.name: launch_params(fleet, campaign, n, args.spec) for n in nodes}
     links, unreachable = await _open_all(fleet, nodes, args.accept_new_host_key)
     try:
@@ -187,16 +216,61 @@ def members(entries: list[NodeStatus]) -> list[rollup.Member]:
             for e in entries]
 
 
+async def queue_call(fleet: Fleet, campaign: Campaign, method: str, params: dict[str, Any],
+                     accept_new: bool, timeout: float,
+                     prefer: list[str] | None = None) -> tuple[str, Any]:
+    """One queue call (its answer is the campaign's, whichever node makes it) on the first
+    node that answers, the live ones first; RpcError or Unreachable from the last tried."""
+    order = [n for n in (prefer or []) if n in campaign.nodes] + \
+        [n for n in campaign.nodes if n not in (prefer or [])]
+    last: Exception = Unreachable(f"campaign {campaign.name}: no node answered")
+    for name in order:
+        try:
+            link = await open_link(fleet.node(name), accept_new)
+        except (Unreachable, OSError) as exc:
+            last = Unreachable(f"{name}: {exc}")
+            continue
+        try:
+            return name, await link.call(method, params, timeout=timeout)
+        except RpcError as exc:
+            if "not a campaign node" in str(exc):
+                last = exc
+                continue
+            raise
+        except (ConnectionError, TimeoutError) as exc:
+            last = Unreachable(f"{name}: {method}: {exc}")
+        finally:
+            await link.close()
+    raise last
+
+
+def given_back_of(queue: Any) -> frozenset[str]:
+    nodes = queue.get("nodes", {}) if isinstance(queue, dict) else {}
+    return frozenset(n for n, v in nodes.items() if isinstance(v, dict) and "given_back" in v)
+
+
 async def cmd_campaign_status(fleet: Fleet, campaign: Campaign, args: argparse.Namespace
                               ) -> int:
     nodes = [fleet.node(n) for n in campaign.nodes]
+    generate = fleet.campaign_role(campaign) == "generate"
     while True:
         entries = await status_once(fleet, nodes, args.accept_new_host_key)
-        known = with_given_back(fleet, members(entries))
-        r = rollup.roll_up(fleet, campaign, known)
+        known = members(entries)
+        queue: Any = None
+        if generate:
+            live = [e.node for e in entries if e.link == "connected"]
+            try:
+                _, queue = await queue_call(fleet, campaign, "queue_status", {},
+                                            args.accept_new_host_key, 60.0, prefer=live)
+            except (RpcError, Unreachable) as exc:
+                queue = {"error": str(exc)}
+        r = rollup.roll_up(fleet, campaign, known, given_back_of(queue))
+        if isinstance(queue, dict) and queue.get("error"):
+            r.warnings.append(f"the queue's own state is unknown: {queue['error']}")
         if args.json:
             print(json.dumps({"time": time.time(), "campaign": msgspec.to_builtins(r),
-                              "nodes": [e.to_json() for e in entries]}), flush=True)
+                              "queue": queue, "nodes": [e.to_json() for e in entries]}),
+                  flush=True)
         else:
             for line in rollup.human(r):
                 print(shown(line), flush=True)
@@ -205,6 +279,65 @@ async def cmd_campaign_status(fleet: Fleet, campaign: Campaign, args: argparse.N
         if not args.watch:
             break
         await asyncio.sleep(args.interval)
-    if any(m.link not in ("connected", GIVEN_BACK) for m in known):
+    if any(row.link not in ("connected", GIVEN_BACK) for row in r.rows):
         return EXIT_UNREACHABLE
     return EXIT_OK
+
+
+# -- verify and retry ---------------------------------------------------------------------------
+
+async def cmd_campaign_verify(fleet: Fleet, campaign: Campaign, args: argparse.Namespace
+                              ) -> int:
+    """The campaign's proof from its commits, made by one node (it HEADs the batches; with
+    --deep it also reads a share of their bodies)."""
+    deep = float(getattr(args, "deep", 0.0) or 0.0)
+    try:
+        node, report = await queue_call(fleet, campaign, "queue_verify", {"deep": deep},
+                                        args.accept_new_host_key, max(args.timeout, 600.0))
+    except RpcError as exc:
+        say(f"campaign {campaign.name}: verify: {shown(str(exc))}")
+        return EXIT_CHECK
+    except Unreachable as exc:
+        say(f"campaign {campaign.name}: verify: {shown(str(exc))}")
+        return EXIT_UNREACHABLE
+    if getattr(args, "json", False):
+        print(json.dumps({"campaign": campaign.name, "by": node, **report}))
+    else:
+        print(shown(f"campaign {campaign.name} (verified by {node}): {report.get('summary')}"))
+        for p in report.get("problems", [])[:50]:
+            print(f"  - {shown(str(p))}")
+    return EXIT_OK if report.get("ok") else EXIT_CHECK
+
+
+async def cmd_campaign_retry(fleet: Fleet, campaign: Campaign, args: argparse.Namespace
+                             ) -> int:
+    """`retry CAMPAIGN failed|truncated`: generation G+1 over the indices the commits mark
+    so (at the campaign's max_tokens now, if --max-tokens is given), then every reachable
+    node resumed, so nodes that had finished claim its chunks."""
+    refusal = dangerous_refusal(fleet, args, f"campaign {campaign.name}") \
+        if BY_ID.get("retry") is not None and BY_ID["retry"].dangerous else None
+    if refusal is not None:
+        say(refusal)
+        return EXIT_USAGE
+    params: dict[str, Any] = {"what": args.what}
+    if getattr(args, "max_tokens", None):
+        params["max_tokens"] = args.max_tokens
+    try:
+        node, answer = await queue_call(fleet, campaign, "queue_retry", params,
+                                        args.accept_new_host_key, max(args.timeout, 120.0))
+    except RpcError as exc:
+        say(f"campaign {campaign.name}: retry {args.what}: {shown(str(exc))}")
+        return EXIT_CHECK
+    except Unreachable as exc:
+        say(f"campaign {campaign.name}: retry {args.what}: {shown(str(exc))}")
+        return EXIT_UNREACHABLE
+    say(f"campaign {campaign.name}: {shown(str(answer.get('summary')))} (made by {node})")
+    if answer.get("generation") is None:
+        return EXIT_OK
+    nodes = [fleet.node(n) for n in campaign.nodes]
+    links, unreachable = await _open_all(fleet, nodes, args.accept_new_host_key)
+    try:
+        outcomes = await _call_all(links, "resume", {n: {} for n in links}, args.timeout)
+    finally:
+        await _close_all(links)
+    return _report(outcomes + unreachable, "resume", campaign.nodes)

@@ -1,7 +1,8 @@
-"""A campaign's one view: its nodes' snapshots rolled up into done/total across shards, rate,
-the slowest shard's ETA (with its band), failures, truncation and alerts, plus what needs a
-person's eye (ceded ranges nobody adopted, a node on another shard). Pure: the headless
-`status CAMPAIGN` and the TUI's campaign row both draw from `roll_up`."""
+"""A campaign's one view: its nodes' snapshots rolled up into the queue's chunks committed of
+all, lines done, rate, the ETA of what is left at the nodes' summed rate, failures,
+truncation and alerts, plus what needs a person's eye (a node of another campaign). Pure:
+the headless `status CAMPAIGN` and the TUI's campaign row both draw from `roll_up`. Nodes
+given back are named by the queue's own records (`queue_status` of any node)."""
 
 from __future__ import annotations
 
@@ -25,14 +26,16 @@ class Member:
     link: str  # connected, unreachable, reconnecting, error...
     snapshot: Snapshot | None = None
     error: str | None = None
-    leaving: bool = False  # passed decommission-check (console/given_back.py): takes no work
 
 
-class Shard(msgspec.Struct, omit_defaults=False):
+GIVEN_BACK = "given back"
+
+
+class NodeLine(msgspec.Struct, omit_defaults=False):
     """One node's line of the roll-up, from its own snapshot (None: not known)."""
 
     node: str
-    shard: str  # K/N as the fleet file gives it (a training campaign: the rank R/N)
+    place: str  # a generation campaign: the node's name in the queue; training: rank R/N
     link: str
     status: str | None = None
     completed: int | None = None
@@ -44,16 +47,10 @@ class Shard(msgspec.Struct, omit_defaults=False):
     eta_p10_hours: float | None = None
     eta_p90_hours: float | None = None
     alerts: int = 0
-    running_shard: str | None = None  # the shard the node's run says it owns
+    held: list[str] = msgspec.field(default_factory=list)  # chunks it works on
+    committed_here: int | None = None
+    lost: int | None = None  # its commits refused: another node was first
     error: str | None = None
-
-
-class Cede(msgspec.Struct):
-    """A range a node gave up that no node has adopted: its indices are nobody's to send."""
-
-    node: str
-    id: str
-    count: int
 
 
 class NodeAlert(msgspec.Struct):
@@ -76,12 +73,13 @@ class Rollup(msgspec.Struct, omit_defaults=False):
     eta_hours: float | None
     eta_p10_hours: float | None
     eta_p90_hours: float | None
-    slowest: str | None  # the node whose ETA is the campaign's
+    slowest: str | None  # a training campaign: rank 0, whose ETA is the job's
     alerts: list[NodeAlert]
     critical: int
-    unadopted: list[Cede]
     warnings: list[str]
-    shards: list[Shard]
+    rows: list[NodeLine]
+    chunks: int | None = None  # the queue's, as the freshest node listing saw them
+    committed: int | None = None
     # A training campaign: rank 0's figures (the job's), the others show health only.
     step: int | None = None
     total_steps: int | None = None
@@ -108,62 +106,67 @@ def members_status(statuses: dict[str, int]) -> str:
     return "mixed"
 
 
-def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member]) -> Rollup:
+def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member],
+            given_back: frozenset[str] = frozenset()) -> Rollup:
+    """`given_back`: the nodes whose given-back record is in the queue's prefix; one that does
+    not answer counts as given back, not as lost."""
     by_node = {m.node: m for m in members}
     role = fleet.campaign_role(campaign)
-    shards: list[Shard] = []
+    rows: list[NodeLine] = []
     alerts: list[NodeAlert] = []
     warnings: list[str] = []
     statuses: dict[str, int] = {}
     completed = total = failed = truncated = answered = 0
     rate = 0.0
-    live_etas: list[tuple[str, float | None, float | None, float | None]] = []
-    cedes: dict[str, Cede] = {}
-    adopted: set[str] = set()
-    silent: list[str] = []
+    chunks = committed = None
+    chunk_size = lines = 0
     for name in campaign.nodes:
         m = by_node.get(name, Member(name, "unknown"))
-        shard = Shard(name, campaign.shard(name), m.link, error=m.error)
-        shards.append(shard)
+        link = GIVEN_BACK if name in given_back and m.link != "connected" else m.link
+        place = f"{campaign.position(name)}/{len(campaign.nodes)}" if role == "train" else name
+        row = NodeLine(name, place, link, error=m.error)
+        rows.append(row)
         snap = m.snapshot
         if snap is None:
-            silent.append(name)
             continue
         answered += 1
-        shard.status = snap.status
+        row.status = snap.status
         statuses[snap.status] = statuses.get(snap.status, 0) + 1
-        shard.alerts = len(snap.alerts)
+        row.alerts = len(snap.alerts)
         alerts += [NodeAlert(name, a) for a in snap.alerts]
         p = snap.progress
         if p is None:
             continue
-        shard.completed, shard.total, shard.failed = p.completed, p.total, p.failed
-        shard.truncated, shard.rate_per_sec = p.truncated, p.rate_per_sec
-        shard.eta_hours, shard.eta_p10_hours, shard.eta_p90_hours = \
+        row.completed, row.total, row.failed = p.completed, p.total, p.failed
+        row.truncated, row.rate_per_sec = p.truncated, p.rate_per_sec
+        row.eta_hours, row.eta_p10_hours, row.eta_p90_hours = \
             p.eta_hours, p.eta_p10_hours, p.eta_p90_hours
-        shard.running_shard = p.shard
         completed += p.completed
         total += p.total
         failed += p.failed
         truncated += p.truncated
         if p.status in LIVE:
             rate += p.rate_per_sec
-            live_etas.append((name, p.eta_hours, p.eta_p10_hours, p.eta_p90_hours))
-        if p.shard is not None and p.shard != shard.shard:
-            warnings.append(f"{name} runs shard {p.shard}; the fleet file gives it "
-                            f"{shard.shard}")
         if p.campaign is not None and p.campaign != campaign.name:
             warnings.append(f"{name} runs for campaign {p.campaign!r}, not {campaign.name!r}")
-        if p.ownership is not None:
-            for move in p.ownership.cedes:
-                cedes.setdefault(move.id, Cede(name, move.id, move.count))
-            adopted.update(a.id for a in p.ownership.adopts)
-    unadopted = [c for cid, c in cedes.items() if cid not in adopted]
-    for c in unadopted:
-        maybe = (f"; {', '.join(silent)} did not answer and may hold it" if silent else "")
-        warnings.append(f"{c.node} ceded {c.count:,} indices (cede {c.id}) that no node has "
-                        f"adopted: nobody sends them until one adopts them{maybe}")
-    eta, p10, p90, slowest = _slowest(live_etas)
+        q = p.queue
+        if q is not None:
+            row.held, row.committed_here, row.lost = list(q.held), q.committed_here, q.lost
+            if q.node != name:
+                warnings.append(f"{name} takes work as queue node {q.node!r}")
+            # Commits only grow: the node that listed most recently saw the most.
+            if committed is None or q.committed > committed:
+                chunks, committed = q.chunks, q.committed
+            lines, chunk_size = max(lines, q.prompts_lines), max(chunk_size, q.chunk_size)
+            if q.s3_error:
+                warnings.append(f"{name} cannot reach the queue: {q.s3_error}")
+    eta = p10 = p90 = None
+    slowest = None
+    if chunks is not None and committed is not None:
+        # The queue's own measure: what is left is the uncommitted chunks' indices.
+        total = lines
+        left = min(lines, (chunks - committed) * chunk_size)
+        eta = 0.0 if left == 0 else (left / rate / 3600 if rate > 0 else None)
     if role == "train":
         # The job is one torchrun across the nodes: rank 0 speaks for it.
         lead = by_node.get(campaign.nodes[0])
@@ -183,43 +186,23 @@ def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member]) -> Rollup:
         failed=failed, truncated=truncated, rate_per_sec=rate, eta_hours=eta,
         eta_p10_hours=p10, eta_p90_hours=p90, slowest=slowest, alerts=alerts,
         critical=sum(1 for a in alerts if a.alert.severity == "critical"),
-        unadopted=unadopted, warnings=warnings, shards=shards, step=step,
-        total_steps=total_steps, loss=loss)
+        warnings=warnings, rows=rows, step=step, total_steps=total_steps, loss=loss,
+        chunks=chunks, committed=committed)
+
 
 
 def from_state(state: FleetState, campaign: Campaign) -> Rollup:
-    """The roll-up of what the TUI holds now (last snapshots, however old; their links), a
-    node given back counted as it was when it passed decommission-check."""
-    from console.given_back import with_given_back  # it builds on Member
-
-    return roll_up(state.fleet, campaign, with_given_back(state.fleet, [
+    """The roll-up of what the TUI holds now (last snapshots, however old; their links; the
+    given-back records its last look at the queue found)."""
+    return roll_up(state.fleet, campaign, [
         Member(name, ns.link, ns.snapshot, ns.error) for name in campaign.nodes
-        if (ns := state.nodes.get(name)) is not None]))
-
-
-def _slowest(live: list[tuple[str, float | None, float | None, float | None]]
-             ) -> tuple[float | None, float | None, float | None, str | None]:
-    """The campaign ends when its last shard does: the largest ETA among the live shards (None
-    while any live shard's is unknown), with a band when a shard has one: each end is the
-    largest of the shards' (a shard without a band counts with its ETA)."""
-    if not live:
-        return None, None, None, None
-    unknown = [name for name, eta, _, _ in live if eta is None]
-    if unknown:
-        return None, None, None, unknown[0]
-    name, eta, _, _ = max(live, key=lambda x: x[1] or 0.0)
-    if not any(lo is not None for _, _, lo, _ in live):
-        return eta, None, None, name
-    p10 = max((lo if lo is not None else e) or 0.0 for _, e, lo, _ in live)
-    open_end = any(lo is not None and hi is None for _, _, lo, hi in live)
-    p90 = None if open_end else max((hi if hi is not None else e) or 0.0
-                                    for _, e, _, hi in live)
-    return eta, p10, p90, name
+        if (ns := state.nodes.get(name)) is not None],
+        frozenset(state.given_back.get(campaign.name, ())))
 
 
 def human(r: Rollup) -> list[str]:
     """`status CAMPAIGN` in words: the roll-up line, its warnings and alerts, then a line per
-    shard."""
+    node."""
     head = f"campaign {r.campaign}: {r.role} {r.status}"
     if r.statuses and len(r.statuses) > 1:
         head += " (" + ", ".join(f"{n} {s}" for s, n in sorted(r.statuses.items())) + ")"
@@ -227,8 +210,10 @@ def human(r: Rollup) -> list[str]:
         if r.step is not None:
             head += f"  step {r.step}/{r.total_steps} loss {r.loss}"
     else:
-        pct = f" ({100 * r.completed / r.total:.1f}%)" if r.total else ""
-        head += (f"  {r.completed:,}/{r.total:,} done{pct}, {r.failed:,} failed, "
+        pct = f" ({100 * (r.committed or 0) / r.chunks:.1f}%)" if r.chunks else ""
+        if r.chunks is not None:
+            head += f"  {r.committed}/{r.chunks} chunks committed{pct};"
+        head += (f"  {r.completed:,} lines done, {r.failed:,} failed, "
                  f"{r.truncated:,} truncated, {r.rate_per_sec:.2f}/s")
     head += f", ETA {eta_text(r)}"
     if not r.complete:
@@ -236,14 +221,19 @@ def human(r: Rollup) -> list[str]:
     lines = [head]
     lines += [f"  WARNING: {w}" for w in r.warnings]
     lines += [f"  ALERT {a.node} {a.alert.severity}: {a.alert.message}" for a in r.alerts]
-    for s in r.shards:
-        line = f"  {s.node} [{s.shard}] {s.link}"
+    for s in r.rows:
+        line = f"  {s.node}" + (f" [{s.place}]" if s.place != s.node else "") + f" {s.link}"
         if s.status is not None:
             line += f" {s.status}"
         if s.total is not None:
-            eta = "?" if s.eta_hours is None else f"{s.eta_hours:.2f} h"
-            line += (f"  {s.completed:,}/{s.total:,} done, {s.failed:,} failed, "
-                     f"{s.rate_per_sec or 0:.2f}/s, ETA {eta}")
+            line += (f"  {s.completed:,} done, {s.failed:,} failed, "
+                     f"{s.rate_per_sec or 0:.2f}/s")
+        if s.committed_here is not None:
+            line += f", {s.committed_here} chunks committed"
+            if s.held:
+                line += f", holds {', '.join(s.held)}"
+            if s.lost:
+                line += f", {s.lost} commits refused"
         if s.alerts:
             line += f", {s.alerts} alert{'s' if s.alerts > 1 else ''}"
         if s.error:
