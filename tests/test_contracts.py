@@ -1,9 +1,10 @@
 """Import contracts between the parts (docs/architecture.md, "the direction of dependencies"):
 the agent stays light and never imports the console; the headless console never imports
 Textual; the trainer never imports the console; widgets never reach the transport; and no
-two modules import each other at run time. Checked in fresh interpreters (what really gets
-imported) and over the source with `ast` (every import statement, even one inside a
-function, and the graph of module-level imports)."""
+two modules import each other at run time; no script run by its path shadows a standard
+module. Checked in fresh interpreters (what really gets imported) and over the source with
+`ast` (every import statement, even one inside a function, and the graph of module-level
+imports)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("agents", "console", "trainer")
+# Folders whose files run as `python FOLDER/X.py`: that folder comes first on sys.path, so a
+# file there named like a standard module (queue.py) replaces it for every script there.
+SCRIPT_FOLDERS = ("benchmarks", "scripts")
 
 # -- the source, read with ast ----------------------------------------------------------------
 
@@ -297,3 +301,10 @@ def test_the_fresh_interpreter_probe_sees_what_is_loaded() -> None:
     assert "console.tui.app" in loaded_by("console.tui.app")
     assert under(loaded_by("console.tui.app"), ("textual",))
 
+
+def test_no_script_shadows_a_standard_module() -> None:
+    clash = [f"{folder}/{path.name}" for folder in SCRIPT_FOLDERS
+             for path in sorted((ROOT / folder).glob("*.py"))
+             if path.stem in sys.stdlib_module_names]
+    assert clash == [], (f"{clash}: run by path, each replaces the standard module of its name "
+                         "for every script in its folder (urllib3 imports queue): rename it")

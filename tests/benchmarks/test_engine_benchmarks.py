@@ -45,3 +45,15 @@ def test_agent() -> None:
     # The snapshot's two, then two for each of the two RPC cases (no supervisor, live one).
     ratios(out, rf"ratio [^:\n]+:\s+{NUM}x", count=6)
     assert "supervised=False" in out and "supervised=True" in out, out
+
+
+def test_queue_campaign() -> None:
+    # 4 nodes, 8 simulators, a SeaweedFS; 1 simulated s = 10 ms (the slow node's 30 ms).
+    out = run_bench("queue_campaign.py", "--prompts", "120", "--max-tokens", "16",
+                    "--scale", "0.01", "--chunk-size", "10", "--batch-size", "5")
+    ratios(out, rf"ratio time to done / ideal: {NUM}x")
+    ratios(out, rf"backups: {NUM}; takeovers: {NUM}", count=2, positive=False)
+    # HEADs only reads the commits, not the batches; deep reads every batch besides.
+    (heads,) = ratios(out, rf"ratio verify bytes read / batch bytes: {NUM}x")
+    (deep,) = ratios(out, rf"ratio verify deep=1.0 bytes read / batch bytes: {NUM}x")
+    assert heads < 1 <= deep, out

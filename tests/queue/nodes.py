@@ -55,12 +55,16 @@ def prefix_for(root: Path) -> str:
 
 def make_node(root: Path, name: str, prompts: Path, s3: S3Server, sims: int = 2,
               time_scale: float = 0.001, endpoint: str | None = None, lease_s: float = 20.0,
-              chunk_size: int = 50, **generate: Any) -> Node:
+              chunk_size: int = 50, poll_s: float | None = None, seed: int = 0,
+              **generate: Any) -> Node:
+    """A node's folder, spec and simulators (seeds `seed`, `seed` + 1, ...); not started.
+    `poll_s` defaults to an eighth of the lease."""
     folder = root / name
     folder.mkdir(parents=True)
     args = list(FAST_ARGS)
     args[args.index("--time-scale") + 1] = str(time_scale)
-    handles = [start_sim(folder, *args, name=f"sim{k}") for k in range(sims)]
+    handles = [start_sim(folder, *args, "--seed", str(seed + k), name=f"sim{k}")
+               for k in range(sims)]
     spec = write_spec(folder / "run.toml", prompts, [h.url for h in handles], s3=s3,
                       **generate)
     text = spec.read_text().replace('prefix = "runs/test/"', f'prefix = "{prefix_for(root)}"')
@@ -68,7 +72,7 @@ def make_node(root: Path, name: str, prompts: Path, s3: S3Server, sims: int = 2,
         text = text.replace(f'endpoint_url = "{s3.endpoint_url}"', f'endpoint_url = "{endpoint}"')
     text = text.replace('name = "test-run"', f'name = "{name}"\ncampaign = "test"')
     text += (f'\n[queue]\nnode = "{name}"\nchunk_size = {chunk_size}\nlease_s = {lease_s}\n'
-             f"poll_s = {max(0.2, lease_s / 8)}\n")
+             f"poll_s = {poll_s if poll_s is not None else max(0.2, lease_s / 8)}\n")
     spec.write_text(text)
     return Node(name, folder, spec, handles)
 
