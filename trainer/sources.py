@@ -9,7 +9,6 @@ number, never raised.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,32 +16,10 @@ import msgspec
 
 from agents.rundir.batchnames import is_closed_batch
 from agents.rundir.schema import BatchLine, batch_line_decoder, line_key_decoder
+from trainer.readstats import BadLine, ReadStats, SourceError
 
 # Closed batches only (the engine's names): an open `.partial` batch may end in a torn line
 # and is still growing, and the run directory's other JSONL files are not completions.
-
-
-class SourceError(ValueError):
-    """The source as a whole cannot be read (no such folder, no bucket, no batch files)."""
-
-
-@dataclass
-class BadLine:
-    where: str
-    reason: str
-
-
-@dataclass
-class ReadStats:
-    lines: int = 0
-    superseded: int = 0
-    bad: int = 0
-    bad_examples: list[BadLine] = field(default_factory=list)
-
-    def record_bad(self, where: str, reason: str, keep: int = 100) -> None:
-        self.bad += 1
-        if len(self.bad_examples) < keep:
-            self.bad_examples.append(BadLine(where, reason))
 
 
 def _s3_parts(url: str) -> tuple[str, str]:
@@ -151,3 +128,6 @@ def current_lines(files: list[Path], stats: ReadStats) -> Iterator[tuple[str, Ba
                 yield f"{path}:{lineno}", batch_line_decoder.decode(raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 stats.record_bad(f"{path}:{lineno}", f"malformed batch line: {exc}")
+
+
+__all__ = ["BadLine", "ReadStats", "SourceError", "batch_files", "current_lines", "fetch_s3"]
