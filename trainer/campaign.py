@@ -35,6 +35,8 @@ from trainer.readstats import ReadStats, SourceError
 PIN = Layout("").pin
 BATCHES = "batches"  # Layout.batches: PREFIX + "batches/NODE/RUN_ID/", a batch key's last 4 parts
 VERIFY = "`fleetdeck verify CAMPAIGN` checks every batch against its commit"
+# A node's run dir in a campaign (agents/queue/worker.py: member_file).
+NODE_MARK = ("queue", "member.json")
 
 
 def normal(prefix: str) -> str:
@@ -187,6 +189,49 @@ def is_campaign_folder(folder: Path) -> bool:
 
 def is_campaign_prefix(client: Any, bucket: str, prefix: str) -> bool:
     return s3ops.exists(client, bucket, Layout(normal(prefix)).pin)
+
+
+def _inside_batches(parts: list[str]) -> int | None:
+    """How many parts lead to the campaign above `batches/[NODE/[RUN_ID]]`, if that is the
+    shape of the end of `parts`."""
+    for k in range(len(parts) - 1, max(-1, len(parts) - 4), -1):
+        if parts[k] == BATCHES:
+            return k
+    return None
+
+
+def refuse_inside_folder(folder: Path) -> None:
+    """A folder that holds part of a campaign's batches (of its pulled copy, or a campaign
+    node's own run dir) holds lines no commit names: it must be read as the campaign."""
+    full = folder.resolve()
+    k = _inside_batches(list(full.parts))
+    if k is not None:
+        top = Path(*full.parts[:k])
+        if is_campaign_folder(top):
+            raise SourceError(f"{folder}: part of the batches of the campaign copied in {top}, "
+                              "which also hold lines no commit names (a zombie node's, a "
+                              f"backup's that lost): read the campaign itself, data = "
+                              f'"{top}", through its commits')
+    for run_dir in (full, full.parent):
+        if run_dir.joinpath(*NODE_MARK).is_file():
+            raise SourceError(f"{folder}: the batches of a campaign node (its run dir {run_dir} "
+                              f"has {'/'.join(NODE_MARK)}), which also hold lines no commit "
+                              "names: read the campaign through its commits, data = "
+                              '"s3://BUCKET/PREFIX" of its [s3] section (or a pulled copy of '
+                              "that prefix)")
+
+
+def refuse_inside_prefix(client: Any, bucket: str, prefix: str) -> None:
+    parts = normal(prefix).split("/")[:-1]
+    k = _inside_batches(parts)
+    if k is None:
+        return
+    top = normal("/".join(parts[:k]))
+    if is_campaign_prefix(client, bucket, top):
+        raise SourceError(f"s3://{bucket}/{prefix}: part of the batches of the campaign at "
+                          f"s3://{bucket}/{top}, which also hold lines no commit names (a "
+                          "zombie node's, a backup's that lost): read the campaign itself, "
+                          f'data = "s3://{bucket}/{top}", through its commits')
 
 
 # -- opening one ------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def open_source(data: str, out: Path, endpoint_url: str | None = None,
         folder = Path(data)
         if campaign.is_campaign_folder(folder):
             return campaign.from_folder(folder)
+        campaign.refuse_inside_folder(folder)
         return BatchFolder(batch_files(folder), data)
     from botocore.exceptions import BotoCoreError, ClientError
 
@@ -69,6 +70,7 @@ def open_source(data: str, out: Path, endpoint_url: str | None = None,
     try:
         if campaign.is_campaign_prefix(client, bucket, prefix):
             return campaign.from_s3(client, bucket, prefix, out / CAMPAIGN_CACHE)
+        campaign.refuse_inside_prefix(client, bucket, prefix)
     except (BotoCoreError, ClientError) as exc:
         raise SourceError(f"{data} at {endpoint_url or 'AWS'}: {exc}") from None
     return BatchFolder(batch_files(fetch_s3(data, out / CACHE, endpoint_url, client)), data)

@@ -234,6 +234,12 @@ def test_a_pulled_copy_of_a_campaign_reads_through_its_commits(store: S3Server,
         (39, 3, 6, 2)
     assert not (tmp_path / "prepared").exists(), "a local copy is read where it is"
 
+    # Part of its batches alone would bring a zombie's lines: refused, naming the campaign.
+    said = re.escape(f'read the campaign itself, data = "{folder}"')
+    for part in ("batches", "batches/a", "batches/a/ra"):
+        with pytest.raises(SourceError, match=said):
+            open_source(str(folder / part), tmp_path / "prepared")
+
     local = folder / "batches" / "a" / "ra" / "completions_000002.jsonl"
     local.write_bytes(local.read_bytes().replace(b'"a1 03 ', b'"zz 03 '))
     with pytest.raises(SourceError, match=re.escape(str(local)) + r": .* bytes, sha256 .*; "
@@ -258,6 +264,10 @@ def test_a_plain_prefix_reads_as_before(store: S3Server, tmp_path: Path) -> None
         (13, 1, 0, 0)
     assert sorted(p.name for p in (tmp_path / "prepared" / "source").iterdir()) == [
         ".etags.json", "completions_000000.jsonl", "completions_000001.jsonl"]
+    # A node's batches under a campaign prefix are not a plain run's.
+    c = build(store)
+    with pytest.raises(SourceError, match=re.escape(f'data = "{c.url}", through its commits')):
+        open_source(f"{c.url}batches/a/ra", tmp_path / "other", client=client)
 
 
 def test_prepare_reports_what_was_left_out(store: S3Server, tmp_path: Path, random_world: World,
@@ -279,3 +289,16 @@ def test_prepare_reports_what_was_left_out(store: S3Server, tmp_path: Path, rand
     assert "6 lines from uncommitted work left out; 2 batch objects no commit names not " \
            "read" in caplog.text
 
+
+def test_a_campaign_nodes_run_dir_is_refused(tmp_path: Path) -> None:
+    """A node's own batches hold the lines of chunks it lost too."""
+    run = tmp_path / "run"
+    (run / "queue").mkdir(parents=True)
+    (run / "completions").mkdir()
+    (run / "completions" / "completions_000000.jsonl").write_bytes(body([line(0, "a0")]))
+    assert isinstance(open_source(str(run / "completions"), tmp_path / "p"), BatchFolder)
+    (run / "queue" / "member.json").write_text('{"run_id": "r"}')
+    for data in (run, run / "completions"):
+        with pytest.raises(SourceError, match=r"the batches of a campaign node .* read the "
+                                              r"campaign through its commits"):
+            open_source(str(data), tmp_path / "p")
