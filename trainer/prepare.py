@@ -27,10 +27,11 @@ from trainer.report import (
     Histogram,
     PrepareReport,
     Problem,
+    campaign_note,
     judge,
 )
 from trainer.shards import ShardWriter
-from trainer.sources import ReadStats, batch_files, current_lines, fetch_s3
+from trainer.sources import ReadStats, open_source
 
 log = logging.getLogger("fleetdeck.train.prepare")
 
@@ -106,12 +107,8 @@ def prepare(settings: PrepareSettings) -> PrepareReport:
     out = settings.out
     make_dirs(out)
     tok = load_tokenizer(settings.tokenizer)
-    if settings.data.startswith("s3://"):
-        folder = fetch_s3(settings.data, out / "source", settings.endpoint_url)
-    else:
-        folder = Path(settings.data)
-    files = batch_files(folder)
-    log.info("reading %d batch files from %s", len(files), settings.data)
+    source = open_source(settings.data, out, settings.endpoint_url)
+    log.info("reading %s", source.what)
 
     stats = ReadStats()
     tmp = out / f".prepare-{os.getpid()}"
@@ -125,7 +122,7 @@ def prepare(settings: PrepareSettings) -> PrepareReport:
     flags: dict[str, tuple[int, bool, bool]] = {}
 
     def jobs() -> Iterator[tuple[str, BatchLine, Supervise, int]]:
-        for where, line in current_lines(files, stats):
+        for where, line in source.lines(stats):
             counts["completions"] += 1
             truncated = line.finish_reason == "length"
             counts["truncated"] += truncated
@@ -163,6 +160,9 @@ def prepare(settings: PrepareSettings) -> PrepareReport:
     atomic_write(out / REPORT_NAME, _encode(report))
     for p in report.problems[:10]:
         log.warning("%s: %s", p.where, p.reason)
+    note = campaign_note(report)
+    if note is not None:
+        log.info("campaign: %s", note)
     return report
 
 
@@ -188,6 +188,8 @@ def _report(settings: PrepareSettings, stats: ReadStats, counts: dict[str, int],
         boundary_merges=counts["boundary"], histogram=hist.bins(),
         train_samples=writers["train"].rows, heldout_samples=writers["heldout"].rows,
         train_tokens=writers["train"].tokens,
+        left_out=stats.left_out, unnamed_batches=stats.unnamed_batches,
+        uncommitted_chunks=stats.uncommitted_chunks,
         gate=judge(samples, counts["under_min"], min_supervised, settings.max_under_min_share),
     )
 

@@ -69,6 +69,12 @@ class PrepareReport(msgspec.Struct):
     heldout_samples: int
     train_tokens: int
     gate: Gate
+    # A campaign's (trainer/campaign.py): lines in the batches read that no commit names (a
+    # zombie node's, a losing backup's), batch objects no commit names (not read), chunks
+    # not committed yet (their indices are not in the data).
+    left_out: int = 0
+    unnamed_batches: int = 0
+    uncommitted_chunks: int = 0
     created_at: float = msgspec.field(default_factory=time.time)
     v: int = REPORT_VERSION
 
@@ -121,3 +127,16 @@ def judge(samples: int, under_min: int, min_supervised: int,
             "empty responses still carry the template's own tokens.",
             min_supervised, max_under_min_share)
     return Gate(True, None, min_supervised, max_under_min_share)
+
+
+def campaign_note(report: PrepareReport) -> str | None:
+    """What of a campaign's batches was not its data, in words; None when nothing was."""
+    if not (report.left_out or report.unnamed_batches or report.uncommitted_chunks):
+        return None
+    said = [f"{report.left_out} lines from uncommitted work left out"]
+    if report.unnamed_batches:
+        said.append(f"{report.unnamed_batches} batch objects no commit names not read")
+    if report.uncommitted_chunks:
+        said.append(f"{report.uncommitted_chunks} chunks not committed yet (their indices "
+                    "are not in the data)")
+    return "; ".join(said)

@@ -1,48 +1,86 @@
 """Completion batches as input to data preparation: a local folder or `s3://bucket/prefix`.
 
-S3 objects are copied into a local cache first (kept between runs, an object copied again
-only when its size or ETag changed), because choosing the highest `attempt` per index needs
-two passes over the lines. A line that cannot be read is recorded with its file and line
-number, never raised.
+A campaign's prefix (or a pulled copy of one: `campaign.json` at its top) is read through
+its commits (`trainer/campaign.py`). A plain run's: S3 objects are copied into a local cache
+first (kept between runs, an object copied again only when its size or ETag changed),
+because choosing the highest `attempt` per index needs two passes over the lines. A line
+that cannot be read is recorded with its file and line number, never raised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from agents.rundir.batchnames import is_closed_batch
 from agents.rundir.schema import BatchLine, batch_line_decoder, line_key_decoder
+from trainer import campaign
+from trainer.readstats import BadLine, ReadStats, SourceError
 
 # Closed batches only (the engine's names): an open `.partial` batch may end in a torn line
 # and is still growing, and the run directory's other JSONL files are not completions.
 
+# Under prepare's output folder: a plain run's copied objects, and a campaign's (apart, so
+# one's files are never read as the other's).
+CACHE = "source"
+CAMPAIGN_CACHE = "campaign"
 
-class SourceError(ValueError):
-    """The source as a whole cannot be read (no such folder, no bucket, no batch files)."""
+
+class Source(Protocol):
+    @property
+    def what(self) -> str: ...
+
+    def lines(self, stats: ReadStats) -> Iterator[tuple[str, BatchLine]]: ...
 
 
 @dataclass
-class BadLine:
-    where: str
-    reason: str
+class BatchFolder:
+    """A plain run's batch files: for every index the line with the highest attempt."""
+
+    files: list[Path]
+    data: str
+
+    @property
+    def what(self) -> str:
+        return f"{len(self.files)} batch files from {self.data}"
+
+    def lines(self, stats: ReadStats) -> Iterator[tuple[str, BatchLine]]:
+        return current_lines(self.files, stats)
 
 
-@dataclass
-class ReadStats:
-    lines: int = 0
-    superseded: int = 0
-    bad: int = 0
-    bad_examples: list[BadLine] = field(default_factory=list)
+def open_source(data: str, out: Path, endpoint_url: str | None = None,
+                client: Any = None) -> Source:
+    """`[train] data` opened, its S3 objects copied under `out`: a campaign through its
+    commits, anything else as a plain run's batches."""
+    if not data.startswith("s3://"):
+        folder = Path(data)
+        if campaign.is_campaign_folder(folder):
+            return campaign.from_folder(folder)
+        campaign.refuse_inside_folder(folder)
+        return BatchFolder(batch_files(folder), data)
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    def record_bad(self, where: str, reason: str, keep: int = 100) -> None:
-        self.bad += 1
-        if len(self.bad_examples) < keep:
-            self.bad_examples.append(BadLine(where, reason))
+    bucket, prefix = _s3_parts(data)
+    if client is None:
+        client = _client(bucket, endpoint_url)
+    try:
+        if campaign.is_campaign_prefix(client, bucket, prefix):
+            return campaign.from_s3(client, bucket, prefix, out / CAMPAIGN_CACHE)
+        campaign.refuse_inside_prefix(client, bucket, prefix)
+    except (BotoCoreError, ClientError) as exc:
+        raise SourceError(f"{data} at {endpoint_url or 'AWS'}: {exc}") from None
+    return BatchFolder(batch_files(fetch_s3(data, out / CACHE, endpoint_url, client)), data)
+
+
+def _client(bucket: str, endpoint_url: str | None) -> Any:
+    from agents.engine.uploader import make_s3_client
+    from agents.rundir.spec import S3Section
+
+    return make_s3_client(S3Section(bucket=bucket, endpoint_url=endpoint_url))
 
 
 def _s3_parts(url: str) -> tuple[str, str]:
@@ -58,12 +96,9 @@ def fetch_s3(url: str, cache: Path, endpoint_url: str | None = None,
     """Copy the batch objects under an S3 prefix into `cache`; return that folder."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from agents.engine.uploader import make_s3_client
-    from agents.rundir.spec import S3Section
-
     bucket, prefix = _s3_parts(url)
     if client is None:
-        client = make_s3_client(S3Section(bucket=bucket, endpoint_url=endpoint_url))
+        client = _client(bucket, endpoint_url)
     cache.mkdir(parents=True, exist_ok=True)
     etags = cache / ".etags.json"
     known: dict[str, str] = {}
@@ -151,3 +186,7 @@ def current_lines(files: list[Path], stats: ReadStats) -> Iterator[tuple[str, Ba
                 yield f"{path}:{lineno}", batch_line_decoder.decode(raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 stats.record_bad(f"{path}:{lineno}", f"malformed batch line: {exc}")
+
+
+__all__ = ["BadLine", "BatchFolder", "ReadStats", "Source", "SourceError", "batch_files",
+           "current_lines", "fetch_s3", "open_source"]
