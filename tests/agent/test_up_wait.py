@@ -73,7 +73,7 @@ def test_up_wait_exits_0_when_done_and_leaves_nothing_running(supervised) -> Non
 
 
 def test_sigterm_drains_the_job_goes_down_and_resume_finishes_it(supervised) -> None:
-    run = supervised(1, prompts=500, sim_args="--time-scale 0.5")
+    run = supervised(1, prompts=300, sim_args="--time-scale 0.5")
     proc = up_wait(run)
     supervising(run, proc)
     wait_status(run.run_dir, lambda s: s["status"] == "running" and s["progress"]
@@ -88,7 +88,7 @@ def test_sigterm_drains_the_job_goes_down_and_resume_finishes_it(supervised) -> 
     # Drained: nothing in flight, the open batch closed, every line on disk accounted for.
     p = progress(run)
     assert p["status"] == "stopped" and p["in_flight"] == 0 and p["failed"] == 0
-    assert 20 < p["completed"] < 500
+    assert 20 < p["completed"] < 300
     assert not list((run.run_dir / "completions").glob("*.partial"))
     st = read_run(run.run_dir)
     assert len(st.current) == p["completed"]
@@ -99,7 +99,7 @@ def test_sigterm_drains_the_job_goes_down_and_resume_finishes_it(supervised) -> 
     assert r.returncode == 0, r.stderr
     done = wait_status(run.run_dir, lambda s: s["status"] == "done", RUN_S, "resumed run done")
     st = read_run(run.run_dir)
-    assert st.todo == set() and len(st.current) == done["progress"]["completed"] == 500
+    assert st.todo == set() and len(st.current) == done["progress"]["completed"] == 300
 
 
 def test_a_second_sigterm_stops_the_waiting_and_the_run_still_goes_down(supervised) -> None:
