@@ -1,6 +1,7 @@
 """Verbs that start and stop a supervised run: `up`, `stop`, `down`, `resume`,
 `resume-from-s3` and `restart-server`. Each maps one to one onto an RPC to the run's
-supervisor (`resume-from-s3`: to `serve --stdio`, as there is none)."""
+supervisor (`resume-from-s3`: to `serve --stdio`, as there is none); `up --wait` then holds
+the run in the foreground (foreground.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,15 @@ from agents.supervise.launch import RunCtlError, call, resume, up
 def add_parsers(sub: Any) -> None:
     p = sub.add_parser("up", help="start a run: supervisor, servers and job, detached")
     p.add_argument("spec", type=Path, metavar="RUN.toml")
+    p.add_argument("--node", metavar="NAME",
+                   help="this machine's name in a campaign's queue: sets [queue] node (one "
+                   "spec for every node of a job array)")
+    p.add_argument("--wait", action="store_true",
+                   help="stay in the foreground until the job ends, then take the servers and "
+                   "the supervisor down (a scheduler's task: nothing may outlive it). "
+                   "SIGTERM or SIGINT drains the job and goes down; a second stops waiting. "
+                   "Exit 0: done; 4: failed; 5: stopped; 6: the supervisor died; 7: gave up "
+                   "waiting on a second signal")
     p.set_defaults(handler=cmd_up)
 
     p = sub.add_parser("stop", help="drain and stop the job (servers stay up)")
@@ -53,11 +63,20 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    overrides = {"queue": {"node": args.node}} if args.node is not None else None
     try:
-        spec = load_spec(args.spec)
-        result = asyncio.run(up(spec))
+        spec = load_spec(args.spec, overrides=overrides)
+        if args.wait:
+            from agents.cli.foreground import up_and_wait  # httpx: only when it waits
+
+            ending = asyncio.run(up_and_wait(spec))
+        else:
+            result = asyncio.run(up(spec))
     except (SpecError, RunCtlError, ValueError) as exc:
         return usage_error("up", exc)
+    if args.wait:
+        print(f"fleetdeck-agent up: {ending.line}", file=sys.stderr)
+        return ending.code
     print(json.dumps(result))
     return EXIT_OK
 

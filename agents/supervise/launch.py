@@ -45,13 +45,16 @@ async def connect(run_dir: Path, timeout: float = 5.0) -> RpcClient | None:
     return client
 
 
-def spawn_supervisor(run_dir: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def spawn_supervisor(run_dir: Path, env: dict[str, str] | None = None,
+                     down_after_job: bool = False) -> subprocess.Popen[bytes]:
     """Start `python -m agents.supervise.supervisor RUN_DIR` detached: its own session, output to
-    logs/supervisor.log, so it outlives this SSH session and this console."""
+    logs/supervisor.log, so it outlives this SSH session and this console. `down_after_job`:
+    it goes down (servers and itself) when the job ends, as `up --wait` wants."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    extra = ["--down-after-job"] if down_after_job else []
     with open(run_dir / "logs" / "supervisor.log", "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "agents.supervise.supervisor", str(run_dir)],
+            [sys.executable, "-m", "agents.supervise.supervisor", str(run_dir), *extra],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, cwd=run_dir, env={**os.environ, **(env or {})},
         )
@@ -73,6 +76,16 @@ async def wait_for_supervisor(run_dir: Path, proc: subprocess.Popen[bytes],
 
 async def up(spec: RunSpec, who: str | None = None) -> dict[str, Any]:
     """Create RUN_DIR and start its supervisor (servers, job). Refuses a live run."""
+    await prepare_up(spec, who)
+    proc = spawn_supervisor(spec.run_dir)
+    client = await wait_for_supervisor(spec.run_dir, proc)
+    await client.close()
+    return {"run_dir": str(spec.run_dir), "supervisor_pid": proc.pid}
+
+
+async def prepare_up(spec: RunSpec, who: str | None = None) -> None:
+    """What `up` does before the supervisor starts: the checks, RUN_DIR, the spec's copy and
+    the audit record. Refuses a live run."""
     _check_socket_folder()
     await _check_router(spec)
     run_dir = spec.run_dir
@@ -82,10 +95,6 @@ async def up(spec: RunSpec, who: str | None = None) -> dict[str, Any]:
                           f"{supervisor_pid(run_dir)}); use resume or stop")
     keep_copy(spec, run_dir)
     audit(run_dir, "launch", {"spec": spec.source}, who)
-    proc = spawn_supervisor(run_dir)
-    client = await wait_for_supervisor(run_dir, proc)
-    await client.close()
-    return {"run_dir": str(run_dir), "supervisor_pid": proc.pid}
 
 
 async def resume(run_dir: Path, who: str | None = None) -> dict[str, Any]:

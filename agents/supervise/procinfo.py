@@ -1,5 +1,5 @@
-"""Processes on Linux: identity (a pid is only the same process if its start time matches too)
-and process groups (a server and every process it started).
+"""Processes on Linux: identity (a pid is only the same process if its start time matches too),
+process groups (a server and every process it started) and waiting for a child's exit.
 
 A supervisor that adopts servers after a crash compares (pid, start time, port): pids are
 reused, start times are not. A server runs in a session of its own, so its process group is
@@ -9,8 +9,10 @@ stopped, and what must be gone before a new server takes the same GPUs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import subprocess
 
 
 def _stat_fields(pid: int | str) -> list[bytes] | None:
@@ -83,3 +85,26 @@ def group_is_ours(pid: int, started: int | None) -> bool:
     the group we started, its children still in it."""
     now = start_time(pid)
     return now is None or started is None or now == started
+
+
+async def exit_status(proc: subprocess.Popen[bytes]) -> int:
+    """The return code of our child `proc` once it exits (-N: killed by signal N), waited for
+    on the event loop: a pidfd turns readable at the exit. No thread is left blocked in
+    wait(), so a caller that stops waiting leaves nothing behind; a kernel without pidfds
+    (before Linux 5.3) gets a look each second."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # reaped already (poll gives the code), or no pidfds here
+        while proc.poll() is None:
+            await asyncio.sleep(1.0)
+        return proc.returncode
+    loop = asyncio.get_running_loop()
+    exited = asyncio.Event()
+    loop.add_reader(fd, exited.set)
+    try:
+        if proc.poll() is None:
+            await exited.wait()
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return proc.wait()

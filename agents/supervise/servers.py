@@ -503,6 +503,23 @@ class ServerSet:
             self._set_state(server, "stopped")
         self.save()
 
+    async def stop_left(self) -> list[int]:
+        """Stop, from servers.json, the servers a dead supervisor left running (`up --wait`
+        gives the machine back: a server must not outlive its task). The numbers of those
+        that still ran."""
+        records = self.load_records()
+        left = []
+        for server in self.servers:
+            rec = records.get(server.number)
+            if rec is None or not rec.pid:
+                continue
+            server.pid, server.start_ticks = rec.pid, rec.start_ticks
+            server.started_at, server.restarts = rec.started_at, rec.restarts
+            if group_is_ours(rec.pid, rec.start_ticks) and await self._group_left(server):
+                left.append(server.number)
+        await self.stop_all()
+        return left
+
     async def close(self) -> None:
         self.closed = True
         for t in self._tasks:

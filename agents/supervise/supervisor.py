@@ -42,6 +42,7 @@ from agents.rundir.control import audit
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, SpecError, load_run_spec
 from agents.supervise.alerts import AlertBook
+from agents.supervise.procinfo import exit_status
 from agents.supervise.retractions import Retractions
 from agents.supervise.router import RouterWatch
 from agents.supervise.servers import ManagedServer, ServerSet
@@ -61,8 +62,12 @@ PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, down_after_job: bool = False) -> None:
         self.run_dir = run_dir.resolve()
+        # `up --wait`: the job's end, however it ends, brings the servers and this process
+        # down (a scheduler gives the machine back when its task exits).
+        self.down_after_job = down_after_job
+        self.going_down = False
         try:
             self.spec: RunSpec = load_run_spec(self.run_dir)
         except SpecError as exc:
@@ -141,6 +146,11 @@ class Supervisor:
                 await self._start_if_idle()
             self.starting = False
             await self.exit.wait()
+            # The last word, after the job and the servers ended, before the socket closes:
+            # `up --wait` reads from it how the job ended.
+            pusher.cancel()
+            if self.subscribers:
+                await self._push()
         finally:
             pusher.cancel()
             server.close()
@@ -217,6 +227,8 @@ class Supervisor:
             self.message = f"the engine refused to start: {exc}"
             self.job_refused = True
             log.error(self.message)
+            if self.down_after_job:
+                self._spawn(self.down("the job did not start"))  # status says why
             return
         finally:
             self.preparing_job = False
@@ -253,6 +265,13 @@ class Supervisor:
                 ["/bin/sh", "-c", script], stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=self.run_dir, start_new_session=True)
         self.status = "running"
+        if self.down_after_job:
+            self._spawn(self._trainer_ended(self.train_proc))
+
+    async def _trainer_ended(self, proc: subprocess.Popen[bytes]) -> None:
+        await exit_status(proc)
+        if proc is self.train_proc:
+            await self.down("the job ended")
 
     def _job_ended(self, task: asyncio.Task[int]) -> None:
         if task.cancelled():
@@ -262,7 +281,9 @@ class Supervisor:
             self.status = "failed"
             self.message = f"the engine crashed: {type(exc).__name__}: {exc}"
             log.error(self.message)
-        if self.stop_servers_after_job and self.servers is not None:
+        if self.down_after_job and not self._rerun_job:
+            self._spawn(self.down("the job ended"))
+        elif self.stop_servers_after_job and self.servers is not None:
             self._spawn(self.servers.stop_all())
 
     def job_running(self) -> bool:
@@ -280,6 +301,9 @@ class Supervisor:
             await self.servers.stop_all()
 
     async def down(self, why: str) -> None:
+        if self.going_down:
+            return  # one down at a time: a second (a signal, an RPC, the job's end) joins it
+        self.going_down = True
         log.info("down (%s): stopping the job and the servers", why)
         await self.stop_job(servers=True)
         if self.engine_task is not None:
@@ -358,17 +382,19 @@ class Supervisor:
     async def _push_loop(self) -> None:
         while True:
             await asyncio.sleep(PUSH_INTERVAL_S)
-            if not self.subscribers:
-                continue
-            # One encode of the snapshot, spliced into the notification envelope.
-            line = (b'{"jsonrpc":"2.0","method":"status","params":'
-                    + encoder.encode(self.snapshot()) + b"}\n")
-            for w in list(self.subscribers):
-                try:
-                    w.write(line)
-                    await asyncio.wait_for(w.drain(), 5)
-                except (ConnectionError, TimeoutError, OSError):
-                    self.subscribers.discard(w)
+            if self.subscribers:
+                await self._push()
+
+    async def _push(self) -> None:
+        # One encode of the snapshot, spliced into the notification envelope.
+        line = (b'{"jsonrpc":"2.0","method":"status","params":'
+                + encoder.encode(self.snapshot()) + b"}\n")
+        for w in list(self.subscribers):
+            try:
+                w.write(line)
+                await asyncio.wait_for(w.drain(), 5)
+            except (ConnectionError, TimeoutError, OSError):
+                self.subscribers.discard(w)
 
     # -- RPC --------------------------------------------------------------------------------
 
@@ -483,16 +509,20 @@ def encoder_obj(obj: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
+    args = list(argv if argv is not None else sys.argv[1:])
+    down_after_job = "--down-after-job" in args
+    if down_after_job:
+        args.remove("--down-after-job")
     if len(args) != 1:
-        print("usage: python -m agents.supervise.supervisor RUN_DIR", file=sys.stderr)
+        print("usage: python -m agents.supervise.supervisor RUN_DIR [--down-after-job]",
+              file=sys.stderr)
         return 2
     run_dir = Path(args[0]).resolve()
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    return asyncio.run(Supervisor(run_dir).main())
+    return asyncio.run(Supervisor(run_dir, down_after_job).main())
 
 
 if __name__ == "__main__":
