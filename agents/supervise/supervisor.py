@@ -281,7 +281,7 @@ class Supervisor:
             self.status = "failed"
             self.message = f"the engine crashed: {type(exc).__name__}: {exc}"
             log.error(self.message)
-        if self.down_after_job and not self._rerun_job:
+        if self.down_after_job:
             self._spawn(self.down("the job ended"))
         elif self.stop_servers_after_job and self.servers is not None:
             self._spawn(self.servers.stop_all())
