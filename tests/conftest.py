@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers.s3 import S3Server, start_s3
+from tests.servers.s3 import S3Server, running_s3
 from tests.servers.sshd import SshServer, start_sshd
 
 pytest_plugins = ["tests.plugins.sims", "tests.plugins.supervised", "tests.plugins.finished_run",
@@ -28,9 +28,5 @@ def sshd() -> Iterator[SshServer]:
 
 @pytest.fixture
 def s3() -> Iterator[S3Server]:
-    with tempfile.TemporaryDirectory(prefix="fd-s3-") as d:
-        server = start_s3(Path(d))
-        try:
-            yield server
-        finally:
-            server.kill()
+    with running_s3() as server:
+        yield server

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from agents.engine.uploader import sha256_b64
 from tests.engine.runs import start_engine, write_prompts, write_spec
 from tests.servers.ports import kill_pid
-from tests.servers.s3 import S3Server, start_s3
+from tests.servers.s3 import S3Server, running_s3
 from tests.simserver import FAST_ARGS, start_sim
 
 PROMPTS = 300
@@ -34,12 +33,8 @@ class MadeRun:
 
 @pytest.fixture(scope="package")
 def shared_s3() -> Iterator[S3Server]:
-    with tempfile.TemporaryDirectory(prefix="fd-s3-") as d:
-        s3 = start_s3(Path(d))
-        try:
-            yield s3
-        finally:
-            s3.kill()
+    with running_s3() as s3:
+        yield s3
 
 
 @pytest.fixture(scope="package")

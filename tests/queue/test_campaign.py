@@ -5,7 +5,6 @@ committed exactly once, done or failed, and verify proves it from the commits.""
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from tests.engine.runs import write_prompts
 from tests.queue.nodes import Node, check, make_node, prefix_for
 from tests.servers.lax_s3 import start_lax_s3
 from tests.servers.ports import wait_until
-from tests.servers.s3 import S3Server, start_s3
+from tests.servers.s3 import S3Server, running_s3
 from tests.servers.tcp_front import start_tcp_front
 
 # Every wait is for a condition; these bound it on a loaded 2-core machine.
@@ -30,12 +29,8 @@ ENV = {"FLEETDECK_S3_TIMEOUT_S": "3", "FLEETDECK_JOURNAL_INTERVAL_S": "1"}
 
 @pytest.fixture
 def own_s3() -> Iterator[S3Server]:
-    with tempfile.TemporaryDirectory(prefix="fd-q3-") as d:
-        s3 = start_s3(Path(d))
-        try:
-            yield s3
-        finally:
-            s3.kill()
+    with running_s3() as s3:
+        yield s3
 
 
 @pytest.fixture

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import re
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -19,7 +17,7 @@ from botocore.exceptions import ClientError, ConnectTimeoutError, ReadTimeoutErr
 
 from tests.servers.lax_s3 import LaxS3, start_lax_s3
 from tests.servers.ports import wait_until
-from tests.servers.s3 import S3Server, start_s3
+from tests.servers.s3 import S3Server, running_s3
 from tests.servers.tcp_front import TcpFront, start_tcp_front
 
 # What a node under a partition waits before it gives up, and the most the test allows
@@ -31,12 +29,8 @@ PATIENT_TIMEOUT_S = 60  # everything that should answer, on a loaded machine
 
 @pytest.fixture(scope="module")
 def shared_s3() -> Iterator[S3Server]:
-    with tempfile.TemporaryDirectory(prefix="fd-s3-") as d:
-        server = start_s3(Path(d))
-        try:
-            yield server
-        finally:
-            server.kill()
+    with running_s3() as server:
+        yield server
 
 
 @pytest.fixture

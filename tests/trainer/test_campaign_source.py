@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from agents.queue import records as rec
 from agents.queue import s3ops
 from agents.queue.layout import Layout
 from agents.queue.ranges import to_ranges
-from tests.servers.s3 import S3Server, start_s3
+from tests.servers.s3 import S3Server, running_s3
 from tests.trainer.conftest import cli
 from tests.trainer.tinyworld import WORDS, World, batch_line, write_spec
 from trainer.campaign import CampaignSource
@@ -37,12 +36,8 @@ RETRIED = (3, 21, 22)  # cut at max_tokens in generation 0, redone by generation
 @pytest.fixture(scope="module")
 def store() -> Iterator[S3Server]:
     """One SeaweedFS for this module; each test builds its campaign under a prefix of its own."""
-    with tempfile.TemporaryDirectory(prefix="fd-tq3-") as d:
-        s3 = start_s3(Path(d))
-        try:
-            yield s3
-        finally:
-            s3.kill()
+    with running_s3() as s3:
+        yield s3
 
 
 def line(i: int, who: str, attempt: int = 1, finish: str = "stop") -> dict[str, Any]:
