@@ -5,6 +5,7 @@ committed exactly once, done or failed, and verify proves it from the commits.""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -206,3 +207,80 @@ def test_a_store_that_ignores_conditional_writes_is_refused_at_start(
             not any((node.run_dir / "completions").glob("*.jsonl"))
     finally:
         lax.close()
+
+
+def test_a_retry_generation_after_a_max_tokens_raise_redoes_exactly_the_truncated(
+        tmp_path: Path, queue_s3: S3Server, fleet: list[Node]) -> None:
+    """The truncation playbook on a campaign: answers cut at max_tokens 32, then generation 1
+    over exactly the indices the commits mark truncated, at max_tokens 4096; the nodes run it
+    when resumed, and each index's data comes from its highest committing generation."""
+    from agents.queue.retry import RetryRefused, new_generation
+    from agents.queue.union import lines
+
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 120)
+    fleet += [make_node(tmp_path, f"r{k}", prompts, queue_s3, sims=1, time_scale=0.002,
+                        lease_s=20.0, chunk_size=30, max_tokens=32) for k in range(2)]
+    env = _env(queue_s3)
+    for n in fleet:
+        n.start(env)
+    _finish(fleet)
+    prefix = prefix_for(tmp_path)
+    client = queue_s3.client()
+    first = read_union(client, queue_s3.bucket, prefix)
+    cut = {i for c in first.commits[0].values() for a, b in c.truncated for i in range(a, b)}
+    assert len(cut) > 60  # the simulator's answers run far past 32 tokens
+    gen = new_generation(client, queue_s3.bucket, prefix, "truncated", 4096, "test")
+    assert gen is not None and gen.generation == 1
+    assert {i for ch in gen.chunks for a, b in ch for i in range(a, b)} == cut
+    with pytest.raises(RetryRefused, match="not yet committed"):
+        new_generation(client, queue_s3.bucket, prefix, "truncated", 8192, "test")
+    for n in fleet:
+        n.start(env)
+    _finish(fleet)
+    _exactly_once(queue_s3, prefix, 120)
+    u = read_union(client, queue_s3.bucket, prefix)
+    final = u.final()
+    assert {i for i, (g, _, _) in final.items() if g == 1} == cut
+    still = {i for c in u.commits[1].values() for a, b in c.truncated for i in range(a, b)}
+    assert len(still) < len(cut) // 4, "at 4096 tokens most answers end on their own"
+    got = dict(lines(client, queue_s3.bucket, prefix))
+    assert sorted(got) == list(range(120))
+    for i in cut:
+        line = json.loads(got[i])
+        assert line["attempt"] == 2 and line["max_tokens"] == 4096
+
+
+def test_a_node_given_back_early_is_seen_by_any_console_through_the_queue(
+        tmp_path: Path, queue_s3: S3Server, fleet: list[Node],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node stopped mid-chunk cannot be given back while its chunk has no commit; once
+    another node has taken the chunk over and committed it, its agent writes the given-back
+    record, and another node's `queue_status` (what any console asks) names it."""
+    from agents.queue import node as queue_node
+    from console.queue.verbs import given_back_of
+
+    for k, v in queue_s3.env().items():
+        monkeypatch.setenv(k, v)  # the agent's calls, made here, use the node's credentials
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 120)
+    early = make_node(tmp_path, "early", prompts, queue_s3, sims=1, time_scale=1.0,
+                      lease_s=4.0, chunk_size=30)
+    stays = make_node(tmp_path, "stays", prompts, queue_s3, sims=1, time_scale=0.01,
+                      lease_s=4.0, chunk_size=30)
+    fleet += [early, stays]
+    env = _env(queue_s3)
+    early.start(env)
+    wait_until(lambda: bool(_queue(early).get("held")), RUN_S, "the early node holds a chunk")
+    assert early.engine is not None
+    early.engine.kill()
+    with pytest.raises(queue_node.NotAQueueRun, match="taken by this node, not committed"):
+        queue_node.give_back(early.run_dir)
+    stays.start(env)
+    _finish([stays])
+    record = queue_node.give_back(early.run_dir)
+    assert record["node"] == "early"
+    seen = queue_node.status(stays.run_dir)
+    assert given_back_of(seen) == frozenset({"early"})
+    assert seen["generations"][0]["committed"] == seen["generations"][0]["chunks"] == 4
+    _exactly_once(queue_s3, prefix_for(tmp_path), 120)
