@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -304,7 +305,11 @@ async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServ
         groups: set[int] = set()
         part = dest / "big.bin.fdpart"
         task = asyncio.create_task(puller_for(source, dest).run(entries))
-        while not (part.exists() and part.stat().st_size > 0):
+        # Until sftp has been seen and the part holds bytes: on a loaded box the part can have
+        # bytes before this loop first looks for sftp (ci4 saw no group at all).
+        deadline = time.monotonic() + 120
+        while not (groups and part.exists() and part.stat().st_size > 0):
+            assert not task.done() and time.monotonic() < deadline, "sftp never seen mid-file"
             # sftp runs in a process group of its own (pgid = its pid), with ssh under it.
             groups |= {int(p.split()[0]) for p in _procs(lambda ppid, pgrp: ppid == os.getpid())
                        if p.split()[1] == "sftp"}
