@@ -286,20 +286,32 @@ async def cmd_campaign_status(fleet: Fleet, campaign: Campaign, args: argparse.N
 
 # -- verify and retry ---------------------------------------------------------------------------
 
+async def _ask_queue(fleet: Fleet, campaign: Campaign, args: argparse.Namespace, method: str,
+                     params: dict[str, Any], at_least_s: float, what: str
+                     ) -> tuple[str, Any] | int:
+    """queue_call for a verb: (node, answer), or the exit code once the refusal (1) or the
+    unreachable fleet (3) is said."""
+    try:
+        return await queue_call(fleet, campaign, method, params, args.accept_new_host_key,
+                                max(args.timeout, at_least_s))
+    except RpcError as exc:
+        say(f"campaign {campaign.name}: {what}: {shown(str(exc))}")
+        return EXIT_CHECK
+    except Unreachable as exc:
+        say(f"campaign {campaign.name}: {what}: {shown(str(exc))}")
+        return EXIT_UNREACHABLE
+
+
 async def cmd_campaign_verify(fleet: Fleet, campaign: Campaign, args: argparse.Namespace
                               ) -> int:
     """The campaign's proof from its commits, made by one node (it HEADs the batches; with
     --deep it also reads a share of their bodies)."""
     deep = float(getattr(args, "deep", 0.0) or 0.0)
-    try:
-        node, report = await queue_call(fleet, campaign, "queue_verify", {"deep": deep},
-                                        args.accept_new_host_key, max(args.timeout, 600.0))
-    except RpcError as exc:
-        say(f"campaign {campaign.name}: verify: {shown(str(exc))}")
-        return EXIT_CHECK
-    except Unreachable as exc:
-        say(f"campaign {campaign.name}: verify: {shown(str(exc))}")
-        return EXIT_UNREACHABLE
+    got = await _ask_queue(fleet, campaign, args, "queue_verify", {"deep": deep}, 600.0,
+                           "verify")
+    if isinstance(got, int):
+        return got
+    node, report = got
     if getattr(args, "json", False):
         print(json.dumps({"campaign": campaign.name, "by": node, **report}))
     else:
@@ -322,15 +334,11 @@ async def cmd_campaign_retry(fleet: Fleet, campaign: Campaign, args: argparse.Na
     params: dict[str, Any] = {"what": args.what}
     if getattr(args, "max_tokens", None):
         params["max_tokens"] = args.max_tokens
-    try:
-        node, answer = await queue_call(fleet, campaign, "queue_retry", params,
-                                        args.accept_new_host_key, max(args.timeout, 120.0))
-    except RpcError as exc:
-        say(f"campaign {campaign.name}: retry {args.what}: {shown(str(exc))}")
-        return EXIT_CHECK
-    except Unreachable as exc:
-        say(f"campaign {campaign.name}: retry {args.what}: {shown(str(exc))}")
-        return EXIT_UNREACHABLE
+    got = await _ask_queue(fleet, campaign, args, "queue_retry", params, 120.0,
+                           f"retry {args.what}")
+    if isinstance(got, int):
+        return got
+    node, answer = got
     say(f"campaign {campaign.name}: {shown(str(answer.get('summary')))} (made by {node})")
     if answer.get("generation") is None:
         return EXIT_OK

@@ -33,14 +33,7 @@ def test_engine_power_cut_live_at_the_upload_crash_point(forgetful_dir: Forgetfu
     the resume uploads the batch again, records it once, and verify (S3 included) is green."""
     sim = start_sim(tmp_path, *FAST_ARGS, "--time-scale", "0.01")
     try:
-        (tmp_path / "prompts.jsonl").write_text("".join(
-            json.dumps({"messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
-            for i in range(120)))
-        spec = engine.write_engine_spec(tmp_path / "run.toml", tmp_path / "prompts.jsonl",
-                                        forgetful_dir / "run", [sim.url])
-        spec.write_text(spec.read_text() + f'\n[s3]\nbucket = "{s3.bucket}"\n'
-                        f'prefix = "runs/pl/"\nendpoint_url = "{s3.endpoint_url}"\n'
-                        'region = "us-east-1"\n')
+        spec = _s3_run(tmp_path, forgetful_dir, sim.url, s3, "runs/pl/")
         env = {**engine.engine_env(forgetful_dir), **s3.env()}
         found = engine.live_cut(forgetful_dir, tmp_path, spec, env, crash_at="upload:2")
     finally:
@@ -62,16 +55,9 @@ def test_a_campaign_node_power_cut_live_at_the_queue_crash_points(
 
     sim = start_sim(tmp_path, *FAST_ARGS, "--time-scale", "0.01")
     try:
-        (tmp_path / "prompts.jsonl").write_text("".join(
-            json.dumps({"messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
-            for i in range(120)))
-        spec = engine.write_engine_spec(tmp_path / "run.toml", tmp_path / "prompts.jsonl",
-                                        forgetful_dir / "run", [sim.url])
         prefix = f"campaigns/pl-{crash_at.replace(':', '-')}/"
-        spec.write_text(spec.read_text() + f'\n[s3]\nbucket = "{s3.bucket}"\n'
-                        f'prefix = "{prefix}"\nendpoint_url = "{s3.endpoint_url}"\n'
-                        'region = "us-east-1"\n\n[queue]\nnode = "pl"\nchunk_size = 30\n'
-                        'lease_s = 20\npoll_s = 0.5\n')
+        spec = _s3_run(tmp_path, forgetful_dir, sim.url, s3, prefix,
+                       '\n[queue]\nnode = "pl"\nchunk_size = 30\nlease_s = 20\npoll_s = 0.5\n')
         env = {**engine.engine_env(forgetful_dir), **s3.env()}
         found = engine.live_cut(forgetful_dir, tmp_path, spec, env, crash_at=crash_at)
     finally:
@@ -79,3 +65,15 @@ def test_a_campaign_node_power_cut_live_at_the_queue_crash_points(
     v = verify(s3.client(), s3.bucket, prefix, deep=1.0)
     assert v.ok and v.committed == v.chunks == 4 and v.done + v.failed == 120, v.problems
     assert found["resumed to"] == 120
+
+
+def _s3_run(root: Path, fs: ForgetfulDir, url: str, s3: S3Server, prefix: str,
+            extra: str = "") -> Path:
+    """120 prompts and a run.toml whose run dir is on the forgetful mount, with [s3]."""
+    (root / "prompts.jsonl").write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
+        for i in range(120)))
+    spec = engine.write_engine_spec(root / "run.toml", root / "prompts.jsonl", fs / "run", [url])
+    spec.write_text(spec.read_text() + f'\n[s3]\nbucket = "{s3.bucket}"\nprefix = "{prefix}"\n'
+                    f'endpoint_url = "{s3.endpoint_url}"\nregion = "us-east-1"\n' + extra)
+    return spec
