@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from textual import on
-from textual.app import App
+from textual.app import App, ScreenStackError
 from textual.binding import Binding, BindingType
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
@@ -311,13 +311,22 @@ class FleetdeckApp(App[int]):
         return ViewContext(self.state, self.fetched, self.clock(), self.current_theme,
                            self.read_only)
 
+    @property
+    def shown(self) -> Screen[Any] | None:
+        """The screen on top, or None while the app starts or closes: a timer or a worker can
+        run then, and `self.screen` raises with no screen on the stack (CI saw it)."""
+        try:
+            return self.screen
+        except ScreenStackError:
+            return None
+
     def _tick(self) -> None:
-        key = (self.state.version, self._changes, id(self.screen))
+        key = (self.state.version, self._changes, id(self.shown))
         if key != self._drawn or time.monotonic() - self._last_draw >= AGES_S:
             self.redraw()
 
     def redraw(self) -> None:
-        screen = self.screen
+        screen = self.shown
         self._drawn = (self.state.version, self._changes, id(screen))
         self._last_draw = time.monotonic()
         if not isinstance(screen, View) or not screen.is_mounted:
@@ -340,7 +349,7 @@ class FleetdeckApp(App[int]):
     # -- navigation -------------------------------------------------------------------------
 
     def current_node(self) -> str | None:
-        screen = self.screen
+        screen = self.shown
         if isinstance(screen, NodeView):
             return screen.node_name
         if isinstance(screen, FleetScreen):
@@ -348,7 +357,7 @@ class FleetdeckApp(App[int]):
         return None
 
     def current_campaign(self) -> str | None:
-        screen = self.screen
+        screen = self.shown
         if isinstance(screen, CampaignScreen):
             return screen.campaign_name
         if isinstance(screen, FleetScreen):
@@ -357,7 +366,7 @@ class FleetdeckApp(App[int]):
 
     async def show_node(self, name: str) -> NodeView:
         """The node's screen, opened if another is shown."""
-        screen = self.screen
+        screen = self.shown
         if isinstance(screen, NodeView) and screen.node_name == name:
             return screen
         snap = self.state.nodes[name].snapshot
@@ -491,7 +500,7 @@ class FleetdeckApp(App[int]):
         if not names:
             return
         current = self.current_node()
-        if isinstance(self.screen, NodeView) and current in names:
+        if isinstance(self.shown, NodeView) and current in names:
             name = names[(names.index(current) + 1) % len(names)]
         else:
             name = current or names[0]

@@ -125,7 +125,7 @@ class Controls:
             self.port.report(node, f"down: {reply.get('status', reply)}")
 
     async def restart_server(self, node: str) -> None:
-        screen = self.port.screen
+        screen = self.port.shown
         chosen = screen.selected_server() if isinstance(screen, GenerateScreen) else None
         if chosen is None:
             self.port.notify("open the node (enter) and select the server's row first",
@@ -171,7 +171,7 @@ class Controls:
 
     async def resize(self, node: str) -> None:
         current = self.concurrency(node)
-        screen = self.port.screen
+        screen = self.port.shown
         chosen = screen.selected_server() if isinstance(screen, GenerateScreen) else None
         note = f"now {current if current is not None else f.DASH} requests in flight per server"
         answer = await self.port.ask(ValueModal(
@@ -244,8 +244,9 @@ class Controls:
         reply = await self.call(node, "logs", {"name": name, "n": LOG_LINES})
         if reply is not None:
             self.port.post_message(LogFetched(node, name, reply))
-            if isinstance(self.port.screen, NodeView):
-                self.port.screen.show_tab("tab-log")
+            shown = self.port.shown
+            if isinstance(shown, NodeView):
+                shown.show_tab("tab-log")
 
     def _log_name(self, node: str, screen: NodeView) -> str:
         snap = self.port.state.nodes[node].snapshot
@@ -272,8 +273,9 @@ class Controls:
         reply = await self.call(node, "samples", {"n": SAMPLES})
         if reply is not None:
             self.port.post_message(SamplesFetched(node, reply))
-            if isinstance(self.port.screen, GenerateScreen):
-                self.port.screen.show_tab("tab-samples")
+            shown = self.port.shown
+            if isinstance(shown, GenerateScreen):
+                shown.show_tab("tab-samples")
 
     # -- artifacts ----------------------------------------------------------------------------
 

@@ -28,8 +28,9 @@ class ActionPort(Protocol):
     fetched: dict[str, Fetched]
 
     @property
-    def screen(self) -> Screen[Any]:
-        """The screen shown now (a node's, the fleet, a modal)."""
+    def shown(self) -> Screen[Any] | None:
+        """The screen shown now (a node's, the fleet, a modal); None while the app starts or
+        closes."""
 
     def current_node(self) -> str | None:
         """The node an action applies to: the one shown, or the fleet table's cursor row."""

@@ -118,3 +118,18 @@ async def test_actions_without_a_link_report_an_error() -> None:
         await until(pilot, lambda: rec.has("Pause failed: gen-1 is not connected"), 60,
                     "the error as a notification")
         assert app.is_running
+
+
+async def test_a_tick_or_a_look_at_the_screen_while_closing_is_harmless() -> None:
+    """The redraw timer can fire while the app closes, with no screen on the stack; it used to
+    raise ScreenStackError and fail the run (CI saw it in the test above)."""
+    app = FleetdeckApp(one_node(bell=False), connect=False)
+    async with app.run_test() as pilot:
+        app.ingest("gen-1", d.generate_snapshot())
+        await until(pilot, lambda: "qwen-traces" in screen_text(app), 60, "the node's row")
+        assert app.shown is not None
+    assert app.shown is None
+    app.state.version += 1
+    app._tick()
+    app.redraw()
+    assert app.current_node() is None and app.current_campaign() is None
