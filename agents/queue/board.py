@@ -195,6 +195,19 @@ class Board:
             return None
         return rec.decode(rec.Lease, got[0], self.url(key)), got[1]
 
+    def running_s(self, st: GenState, number: int) -> tuple[rec.Lease, float] | None:
+        """A leased chunk's lease and how long its epoch has run, on the store's clock: the
+        holder's `claimed_at` moved by the holder's offset from the store, seen on the same
+        write (`renewed_at` against the object's Last-Modified). None when the lease changed
+        since the listing `st` (or is gone): judge it on the next look."""
+        got = self.read_lease(self.chunks(st.generation)[number])
+        item = st.leases.get(number)
+        if got is None or item is None or got[1] != item.etag:
+            return None
+        lease = got[0]
+        offset = item.last_modified - lease.renewed_at
+        return lease, st.now - (lease.claimed_at + offset)
+
     def take_over(self, chunk: Chunk, st: GenState | None = None) -> Held | None:
         """A lease past its expiry (or released), replaced with If-Match: the epoch grows.
         None when it was renewed, taken or committed meanwhile."""

@@ -302,16 +302,16 @@ class QueueWorker:
                 continue
             limit = self.backup_after * statistics.median(took)
             for n in sorted(running, key=lambda n: st.leases[n].last_modified):
-                got = self.board.read_lease(self.board.chunks(st.generation)[n])
+                got = self.board.running_s(st, n)
                 if got is None or got[0].node == self.board.me.node:
                     continue
-                age = st.now - got[0].claimed_at
+                lease, age = got
                 if age < limit:
                     continue
-                held = self.board.backup(self.board.chunks(st.generation)[n], got[0].node)
+                held = self.board.backup(self.board.chunks(st.generation)[n], lease.node)
                 if held is not None:
                     log.info("backing up chunk %s of %s: running %.0f s, median %.0f s",
-                             held.chunk.name, got[0].node, age, statistics.median(took))
+                             held.chunk.name, lease.node, age, statistics.median(took))
                     self.figures.backups += 1
                     return self._taken(held)
         return None

@@ -99,6 +99,29 @@ def test_a_released_lease_is_free_at_once(queue_s3: S3Server) -> None:
     assert took is not None and took.epoch == 2
 
 
+def test_a_chunk_runs_for_as_long_as_the_store_saw_whatever_its_holders_clock_says(
+        queue_s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup is judged on the store's clock: a holder an hour behind must not look an hour
+    into its chunk (it was backed up at once), nor one an hour ahead look never started."""
+    prefix = _prefix()
+    a, b = _board(queue_s3, prefix, "a"), _board(queue_s3, prefix, "b")
+    pin = a.pin(_pin())
+    b.generations(pin)
+    real = time.time
+    for n, skew in ((0, -3600.0), (1, 3600.0)):
+        monkeypatch.setattr("agents.queue.board.time.time", lambda skew=skew: real() + skew)
+        held = a.claim(a.chunks(0)[n])
+        assert held is not None and a.renew(held)
+        monkeypatch.setattr("agents.queue.board.time.time", real)
+        got = b.running_s(b.state(0), n)
+        assert got is not None and got[0].node == "a"
+        assert -30 < got[1] < 60, (skew, got[1])
+    # A lease renewed after the listing is judged on the next look, not with a stale offset.
+    st = b.state(0)
+    assert a.renew(held)
+    assert b.running_s(st, 1) is None
+
+
 def test_the_first_commit_wins_and_the_same_commit_again_is_its_writers(
         queue_s3: S3Server) -> None:
     prefix = _prefix()
