@@ -21,8 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from agents.engine.client import ServerClient, get_json
 from agents.engine.dispatch import Server
 from agents.engine.knee import KneeFinder, TuneSettings
 from agents.engine.serverload import ServerLoad
@@ -56,15 +55,12 @@ def reported_cap(info: Any) -> int | None:
     return v if isinstance(v, int) and v > 0 else None
 
 
-async def fetch_cap(client: httpx.AsyncClient) -> int | None:
+async def fetch_cap(client: ServerClient) -> int | None:
     for path in ("/server_info", "/get_server_info"):
-        try:
-            r = await client.get(path, timeout=10.0)
-        except httpx.HTTPError:
-            return None
-        if r.status_code == 200:
+        info = await get_json(client, path, 10.0)
+        if info is not None:
             try:
-                return reported_cap(r.json())
+                return reported_cap(info)
             except ValueError:
                 return None
     return None

@@ -1,5 +1,7 @@
-"""One SGLang server as the engine sees it: a reused httpx client, the chat request, and
-the response parsed into batch line fields, with failures sorted into error classes."""
+"""One SGLang server as the engine sees it: its connection pool (aiohttp: the client SGLang's
+own `bench_serving` uses; httpx cost ten times its CPU per request, benchmarks/dispatch.py),
+the chat request, and the response parsed into batch line fields, with failures sorted into
+error classes."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 import msgspec
 
 from agents.engine.prompts import Prompt
@@ -56,19 +58,85 @@ class Completion:
     latency_s: float
 
 
+# The most a response body may hold: a chat completion of the largest max_tokens is well under
+# a megabyte; a server (or something in front of one) sending more is broken, and the engine's
+# memory is not its to fill.
+MAX_RESPONSE_BYTES = 32 << 20
+# Idle pooled connections are dropped before the server drops them: uvicorn (SGLang's HTTP
+# server) closes an idle keep-alive connection after 5 s, and a request written onto a
+# connection the server is closing fails as a transport error that sets servers aside.
+KEEPALIVE_S = 4.0
+JSON = {"Content-Type": "application/json"}
+
+
+class ServerClient:
+    """One server's pooled HTTP connections. The session is made on first use, inside the
+    running loop (aiohttp binds it there); `aclose` ends it."""
+
+    def __init__(self, url: str, max_connections: int, connect_timeout: float,
+                 read_timeout: float, api_key: str | None) -> None:
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._limit = max_connections + 8
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def _timeout(self, seconds: float | None) -> aiohttp.ClientTimeout:
+        # Like httpx's: a connect limit, and a read limit between bytes (SGLang sends a
+        # non-streamed answer's bytes only when it is done, so the read limit is the answer's).
+        read = self._read_timeout if seconds is None else seconds
+        return aiohttp.ClientTimeout(total=None, sock_connect=min(self._connect_timeout, read),
+                                     sock_read=read)
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise RuntimeError("the client is closed")
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0,
+                                             keepalive_timeout=KEEPALIVE_S, ttl_dns_cache=None)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self._headers, timeout=self._timeout(None),
+                cookie_jar=aiohttp.DummyCookieJar(), raise_for_status=False)
+        return self._session
+
+    async def request(self, method: str, path: str, body: bytes | None = None,
+                      headers: dict[str, str] | None = None,
+                      timeout: float | None = None) -> tuple[int, bytes]:
+        """(status, body), the body at most MAX_RESPONSE_BYTES; raises aiohttp.ClientError,
+        TimeoutError, ResponseTooLarge. A body is JSON unless `headers` say otherwise."""
+        if body is not None and headers is None:
+            headers = JSON
+        async with self.session().request(method, self.url + path, data=body, headers=headers,
+                                          timeout=self._timeout(timeout)) as resp:
+            size = resp.content_length
+            if size is not None and size > MAX_RESPONSE_BYTES:
+                raise ResponseTooLarge(f"{size:,} bytes announced")
+            if size is not None:
+                return resp.status, await resp.read()
+            parts, got = [], 0
+            async for part in resp.content.iter_any():
+                got += len(part)
+                if got > MAX_RESPONSE_BYTES:
+                    raise ResponseTooLarge(f"over {MAX_RESPONSE_BYTES:,} bytes")
+                parts.append(part)
+            return resp.status, b"".join(parts)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+class ResponseTooLarge(Exception):
+    pass
+
+
 def make_client(url: str, max_connections: int, connect_timeout: float, read_timeout: float,
-                api_key: str | None) -> httpx.AsyncClient:
-    # httpx's defaults (100 connections, 5 s) would turn long reasoning answers into failures.
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.AsyncClient(
-        base_url=url,
-        headers=headers,
-        timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=None),
-        limits=httpx.Limits(
-            max_connections=max_connections + 8,
-            max_keepalive_connections=max_connections + 8,
-        ),
-    )
+                api_key: str | None) -> ServerClient:
+    return ServerClient(url, max_connections, connect_timeout, read_timeout, api_key)
 
 
 def rid_for(index: int, attempt: int, copy: int, engine: str) -> str:
@@ -178,42 +246,59 @@ def _completion(obj: Any, latency_s: float) -> Completion:
     )
 
 
-async def chat(client: httpx.AsyncClient, payload: dict[str, Any]) -> Completion:
+async def chat(client: ServerClient, payload: dict[str, Any]) -> Completion:
     start = time.monotonic()
     try:
-        resp = await client.post("/v1/chat/completions", content=msgspec.json.encode(payload),
-                                 headers={"Content-Type": "application/json"})
-    except httpx.ConnectError as exc:
+        status, body = await client.request("POST", "/v1/chat/completions",
+                                            msgspec.json.encode(payload), JSON)
+    except aiohttp.ClientConnectorError as exc:
         raise RequestFailed("connect", str(exc) or "connection refused", True, True) from None
-    except httpx.TimeoutException as exc:
+    except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
         raise RequestFailed("timeout", f"{type(exc).__name__} after "
                             f"{time.monotonic() - start:.1f} s", True, True) from None
-    except httpx.TransportError as exc:
+    except aiohttp.ClientError as exc:
         raise RequestFailed("transport", f"{type(exc).__name__}: {exc}", True, True) from None
-    return parse_response(resp.status_code, resp.content, time.monotonic() - start)
+    except ResponseTooLarge as exc:
+        raise RequestFailed("bad_response", f"the response is too large: {exc}",
+                            True, True) from None
+    return parse_response(status, body, time.monotonic() - start)
 
 
-async def abort(client: httpx.AsyncClient, rid: str, admin_api_key: str | None,
+async def abort(client: ServerClient, rid: str, admin_api_key: str | None,
                 timeout: float = 5.0) -> int | None:
     """SGLang's `POST /abort_request {"rid": RID}` (`AbortReq`; auth level ADMIN_OPTIONAL:
     the admin key when the server has one, else its API key, which the client sends). The
     HTTP status, or None when the server could not be reached; best effort: 200 also for a
     rid the server no longer holds."""
-    headers = {"Content-Type": "application/json"}
+    headers = dict(JSON)
     if admin_api_key:
         headers["Authorization"] = f"Bearer {admin_api_key}"
     try:
-        resp = await client.post("/abort_request", content=msgspec.json.encode({"rid": rid}),
-                                 headers=headers, timeout=timeout)
-    except (httpx.HTTPError, RuntimeError):  # RuntimeError: the client closed (engine ends)
-        return None
-    return resp.status_code
+        status, _ = await client.request("POST", "/abort_request",
+                                         msgspec.json.encode({"rid": rid}), headers, timeout)
+    except (aiohttp.ClientError, TimeoutError, ResponseTooLarge, RuntimeError):
+        return None  # RuntimeError: the client closed (the engine ends)
+    return status
 
 
-async def probe(client: httpx.AsyncClient, timeout: float) -> bool:
+async def probe(client: ServerClient, timeout: float) -> bool:
     """A server answers again when /health says 200."""
     try:
-        resp = await client.get("/health", timeout=timeout)
-    except httpx.HTTPError:
+        status, _ = await client.request("GET", "/health", timeout=timeout)
+    except (aiohttp.ClientError, TimeoutError, ResponseTooLarge, RuntimeError):
         return False
-    return resp.status_code == 200
+    return status == 200
+
+
+async def get_json(client: ServerClient, path: str, timeout: float) -> Any:
+    """A GET's JSON body; None when it cannot be had (no answer, not 200, not JSON)."""
+    try:
+        status, body = await client.request("GET", path, timeout=timeout)
+    except (aiohttp.ClientError, TimeoutError, ResponseTooLarge, RuntimeError):
+        return None
+    if status != 200:
+        return None
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None

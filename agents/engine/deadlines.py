@@ -14,9 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from agents.engine.client import Aborted, Completion, RequestFailed, chat
+from agents.engine.client import Aborted, Completion, RequestFailed, ServerClient, chat
 from agents.engine.serverload import ServerLoad
 
 WINDOW = 32  # answers per server that make its pace
@@ -173,7 +171,7 @@ class DeadlineMiss(RequestFailed):
         return self.tokens is not None
 
 
-async def send_within(client: httpx.AsyncClient, payload: dict[str, Any],
+async def send_within(client: ServerClient, payload: dict[str, Any],
                       deadline: Callable[[], Deadline | None], factor: float,
                       abort: Callable[[], Awaitable[bool]]) -> Completion:
     """The chat request, given up when it runs past its deadline: DeadlineMiss. `deadline()`

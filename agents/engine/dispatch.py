@@ -9,9 +9,7 @@ from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-import httpx
-
-from agents.engine.client import probe
+from agents.engine.client import ServerClient, probe
 from agents.ewma import EwmaRate
 
 ANSWERS_KEPT = 4096
@@ -21,7 +19,7 @@ ANSWERS_KEPT = 4096
 class Server:
     number: int
     url: str
-    client: httpx.AsyncClient
+    client: ServerClient
     limit: int
     in_flight: int = 0
     state: str = "healthy"

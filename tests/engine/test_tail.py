@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from agents.engine.client import (
@@ -104,26 +105,27 @@ async def test_abort_request_by_rid_with_the_admin_key(sims) -> None:
     assert body["rid"] == "7:2:1:e0"
     client = make_client(sim.url, 4, 2.0, 30.0, "sk-1")
     try:
-        held = asyncio.ensure_future(client.post("/v1/chat/completions", json=body))
+        sent = msgspec.json.encode(body)
+        held = asyncio.ensure_future(client.request("POST", "/v1/chat/completions", sent))
         await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 1, 120,
                                 "the request held by the simulator")
-        dup = await client.post("/v1/chat/completions", json=body)
+        dup_status, dup_body = await client.request("POST", "/v1/chat/completions", sent)
         with pytest.raises(RequestFailed) as err:
-            parse_response(dup.status_code, dup.content, 0.0)
-        assert dup.status_code == 400 and err.value.retryable  # later, not never
+            parse_response(dup_status, dup_body, 0.0)
+        assert dup_status == 400 and err.value.retryable  # later, not never
         assert await abort(client, rid, None) == 401  # the API key is not the admin key
         assert _state(sim.url)["hung"] == 1
         assert await abort(client, rid, "adm") == 200
-        resp = await asyncio.wait_for(held, 120)
+        status, answer = await asyncio.wait_for(held, 120)
         with pytest.raises(Aborted):
-            parse_response(resp.status_code, resp.content, 0.0)
+            parse_response(status, answer, 0.0)
         state = _state(sim.url)
         assert state["hung"] == 0 and state["aborted_total"] == 1
         assert await abort(client, "no-such-rid", "adm") == 200  # as SGLang: a no-op
-        bad = await client.post("/abort_request", content=b"[1, 2",
-                                headers={"Authorization": "Bearer adm",
-                                         "Content-Type": "application/json"})
-        assert bad.status_code == 400
+        bad, _ = await client.request("POST", "/abort_request", b"[1, 2",
+                                      {"Authorization": "Bearer adm",
+                                       "Content-Type": "application/json"})
+        assert bad == 400
     finally:
         await client.aclose()
 

@@ -1,0 +1,139 @@
+"""The engine's HTTP client against servers that misbehave on the wire, each a real TCP server
+in the test: every failure lands in its error class (connect, timeout, transport,
+bad_response), and a body past MAX_RESPONSE_BYTES is refused while it arrives, announced or
+chunked, not held in memory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from agents.engine.client import MAX_RESPONSE_BYTES, RequestFailed, chat, make_client, probe
+from tests.servers.ports import free_ports
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+OK = (b'{"choices":[{"message":{"content":"x"},"finish_reason":"stop"}],'
+      b'"usage":{"prompt_tokens":1,"completion_tokens":1}}')
+
+
+async def _request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    await reader.readexactly(length)
+
+
+class Wire:
+    def __init__(self) -> None:
+        self.server: asyncio.Server | None = None
+
+    async def serve(self, handler: Handler) -> str:
+        async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await _request(reader)
+                await handler(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(one, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def wire() -> AsyncIterator[Wire]:
+    w = Wire()
+    yield w
+    if w.server is not None:
+        w.server.close()
+        await w.server.wait_closed()
+
+
+async def _fails(url: str, read_timeout: float = 30.0) -> RequestFailed:
+    client = make_client(url, 4, 2.0, read_timeout, None)
+    try:
+        with pytest.raises(RequestFailed) as err:
+            await chat(client, BODY)
+        return err.value
+    finally:
+        await client.aclose()
+
+
+async def test_a_good_answer_parses(wire: Wire) -> None:
+    async def good(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                + str(len(OK)).encode() + b"\r\n\r\n" + OK)
+        await w.drain()
+
+    client = make_client(await wire.serve(good), 4, 2.0, 30.0, None)
+    try:
+        got = await chat(client, BODY)
+        assert got.content == "x" and got.completion_tokens == 1
+    finally:
+        await client.aclose()
+
+
+async def test_a_body_announced_past_the_cap_is_refused_unread(wire: Wire) -> None:
+    sent = 0
+
+    async def huge(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: " + str(MAX_RESPONSE_BYTES * 4).encode()
+                + b"\r\n\r\n")
+        piece = b"x" * (1 << 20)
+        while sent < MAX_RESPONSE_BYTES * 4:
+            w.write(piece)
+            await w.drain()
+            sent += len(piece)
+
+    err = await _fails(await wire.serve(huge))
+    assert err.error == "bad_response" and "too large" in err.message and err.retryable
+    assert sent < MAX_RESPONSE_BYTES * 4  # it was not read to the end
+
+
+async def test_a_chunked_body_past_the_cap_is_refused_as_it_arrives(wire: Wire) -> None:
+    async def endless(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"y" * (1 << 20)
+        for _ in range(MAX_RESPONSE_BYTES // len(piece) * 2):
+            w.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+
+    err = await _fails(await wire.serve(endless))
+    assert err.error == "bad_response" and "too large" in err.message
+
+
+async def test_a_connection_dropped_mid_body_is_a_transport_failure(wire: Wire) -> None:
+    async def cut(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n" + OK[:20])
+        await w.drain()
+
+    err = await _fails(await wire.serve(cut))
+    assert err.error == "transport" and err.server_fault and err.retryable
+
+
+async def test_a_server_that_never_answers_is_a_timeout(wire: Wire) -> None:
+    async def silent(r: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
+        await r.read()  # until the client gives up and closes
+
+    err = await _fails(await wire.serve(silent), read_timeout=0.5)
+    assert err.error == "timeout" and err.server_fault
+
+
+async def test_nothing_listening_is_a_connect_failure() -> None:
+    url = f"http://127.0.0.1:{free_ports(1)[0]}"
+    err = await _fails(url)
+    assert err.error == "connect" and err.server_fault
+    client = make_client(url, 4, 2.0, 30.0, None)
+    try:
+        assert not await probe(client, 1.0)
+    finally:
+        await client.aclose()
