@@ -206,7 +206,7 @@ async def cmd_launch(fleet: Fleet, campaign: Campaign, args: argparse.Namespace)
         outcomes = await _call_all(links, "launch", params, max(args.timeout, 180.0))
     finally:
         await _close_all(links)
-    return _report(outcomes, "launch", campaign.nodes)
+    return _report(outcomes, "launch", [n.name for n in nodes])
 
 
 # -- status -------------------------------------------------------------------------------------
