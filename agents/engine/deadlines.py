@@ -20,7 +20,8 @@ from agents.engine.serverload import ServerLoad
 WINDOW = 32  # answers per server that make its pace
 MIN_ANSWERS = 4  # fewer than this: the pace of the whole fleet, or SGLang's own figures
 LATENCIES_KEPT = 256
-# A request whose deadline is not known yet (no answer anywhere) looks again this often.
+# A request whose deadline is not known yet (no answer anywhere), with nothing to wake it,
+# looks again this often.
 RECHECK_S = 0.5
 # After /abort_request, how long the server's answer to the aborted request (finish_reason
 # abort) is waited for. A loaded real server took 2-4 s: it ends the request at its next step.
@@ -51,11 +52,27 @@ class Pace:
         self.factor = factor
         self.min_s = min_s
         self.max_s = max_s
-        self._answers: dict[int, deque[tuple[int, float]]] = {}
+        self._answers: dict[int, Window] = {}
         self._hints: dict[int, float] = {}
         self._latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self._load: dict[int, ServerLoad] = {}
         self._retracted_at: dict[int, float] = {}  # the last reading that saw a retraction
+        # Copies whose deadline is not known yet, woken when a pace may be (changed()).
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def changed(self) -> asyncio.Future[None]:
+        """Done at the next figure that may make a pace known: a copy with no deadline yet
+        waits on it and on its answer, instead of looking again every so often."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        return fut
+
+    def _wake(self) -> None:
+        if self._waiters:
+            waiters, self._waiters = self._waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
 
     def observe(self, server: int, tokens: int, latency_s: float) -> None:
         """One answer (any copy's, a hedge that lost included)."""
@@ -63,7 +80,8 @@ class Pace:
             return
         self._latencies.append(latency_s)
         if tokens > 0:
-            self._answers.setdefault(server, deque(maxlen=WINDOW)).append((tokens, latency_s))
+            self._window(server).add(tokens, latency_s)
+            self._wake()
 
     def observe_aborted(self, server: int, tokens: int, elapsed_s: float) -> None:
         """A copy given up at its deadline that the server confirmed, with the tokens it had
@@ -73,7 +91,14 @@ class Pace:
         pace, miss in turn and end as failed. Not an answer: the median latency stays as it
         was."""
         if tokens > 0 and elapsed_s > 0:
-            self._answers.setdefault(server, deque(maxlen=WINDOW)).append((tokens, elapsed_s))
+            self._window(server).add(tokens, elapsed_s)
+            self._wake()
+
+    def _window(self, server: int) -> Window:
+        w = self._answers.get(server)
+        if w is None:
+            w = self._answers[server] = Window()
+        return w
 
     def observe_figures(self, server: int, gen_throughput: float | None,
                         running: int | None) -> None:
@@ -81,6 +106,7 @@ class Pace:
         batch. Used only until the server has answered MIN_ANSWERS times."""
         if gen_throughput and running and gen_throughput > 0 and running > 0:
             self._hints[server] = gen_throughput / running
+            self._wake()
 
     def observe_load(self, server: int, load: ServerLoad, now: float | None = None) -> None:
         """SGLang's own figures of a server, each refresh (the supervisor's): its pace, as
@@ -117,12 +143,12 @@ class Pace:
         prefill included, so the pace errs slow), this server's, else SGLang's, else the
         fleet's."""
         own = self._answers.get(server)
-        if own is not None and len(own) >= MIN_ANSWERS:
-            return _ratio(own)
+        if own is not None and len(own.kept) >= MIN_ANSWERS:
+            return own.ratio()
         hint = self._hints.get(server)
         if hint is not None:
             return hint
-        fleet = [a for w in self._answers.values() for a in w]
+        fleet = [a for w in self._answers.values() for a in w.kept]
         return _ratio(fleet) if len(fleet) >= MIN_ANSWERS else None
 
     def deadline(self, server: int, max_tokens: int,
@@ -150,6 +176,34 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+class Window:
+    """A server's last WINDOW answers (tokens, seconds) with their sums kept as they come and
+    go: its pace is asked at every send, and summing the window each time cost O(WINDOW)."""
+
+    __slots__ = ("_adds", "kept", "seconds", "tokens")
+
+    def __init__(self) -> None:
+        self.kept: deque[tuple[int, float]] = deque()
+        self.tokens = 0
+        self.seconds = 0.0
+        self._adds = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        self.kept.append((tokens, seconds))
+        self.tokens += tokens
+        self.seconds += seconds
+        if len(self.kept) > WINDOW:
+            t, s = self.kept.popleft()
+            self.tokens -= t
+            self.seconds -= s
+        self._adds += 1
+        if self._adds % 1024 == 0:  # no float drift from the running sums over a long run
+            self.seconds = sum(s for _, s in self.kept)
+
+    def ratio(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
 def _ratio(answers: Any) -> float | None:
     tokens = sum(t for t, _ in answers)
     seconds = sum(s for _, s in answers)
@@ -173,11 +227,15 @@ class DeadlineMiss(RequestFailed):
 
 async def send_within(client: ServerClient, payload: dict[str, Any],
                       deadline: Callable[[], Deadline | None], factor: float,
-                      abort: Callable[[], Awaitable[bool]]) -> Completion:
+                      abort: Callable[[], Awaitable[bool]],
+                      changed: Callable[[], asyncio.Future[None]] | None = None) -> Completion:
     """The chat request, given up when it runs past its deadline: DeadlineMiss. `deadline()`
-    is asked again as the pace becomes known, and the deadline only ever grows: the pace of
-    the answers coming in rises as the batch in flight shrinks (at the tail), and a request
-    that ran its first part in the full batch is not late by the pace of the last ones.
+    is asked at the start, again when the deadline it gave comes (it may have grown: the
+    server's queue, a slower pace), and, while none is known, whenever `changed()` says a pace
+    may be (without `changed`, every RECHECK_S). No copy wakes between: a timer each, not a
+    poll. The deadline only ever grows: the pace of the answers coming in rises as the batch
+    in flight shrinks (at the tail), and a request that ran its first part in the full batch
+    is not late by the pace of the last ones.
 
     At the deadline `abort()` asks the server to let the request go (True when it took the
     request), and the server's own answer to it, finish_reason abort, is waited for up to
@@ -193,14 +251,17 @@ async def send_within(client: ServerClient, payload: dict[str, Any],
             d = deadline()
             if d is not None and (fixed is None or d.seconds > fixed.seconds):
                 fixed = d
-            wait = RECHECK_S
             if fixed is not None:
                 left = start + fixed.seconds - time.monotonic()
                 if left <= 0:
                     return await _give_up(call, time.monotonic() - start, fixed, factor, abort)
-                wait = min(wait, left)
-            done, _ = await asyncio.wait({call}, timeout=wait)
-            if done:
+                await asyncio.wait((call,), timeout=left)
+            elif changed is not None:
+                wake = changed()
+                await asyncio.wait((call, wake), return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.wait((call,), timeout=RECHECK_S)
+            if call.done():
                 return call.result()
     finally:
         if not call.done():

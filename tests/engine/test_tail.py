@@ -26,7 +26,14 @@ from agents.engine.client import (
     parse_response,
     rid_for,
 )
-from agents.engine.deadlines import ABORT_CONFIRM_S, Deadline, DeadlineMiss, Pace, send_within
+from agents.engine.deadlines import (
+    ABORT_CONFIRM_S,
+    MIN_ANSWERS,
+    Deadline,
+    DeadlineMiss,
+    Pace,
+    send_within,
+)
 from agents.engine.prompts import Prompt
 from agents.rundir.spec import SpecError, load_spec
 from tests.engine.runs import (
@@ -188,6 +195,43 @@ async def test_a_copys_deadline_only_grows_and_the_server_confirms_its_abort(sim
         # The HTTP request was closed on the way out: the server lets it go by itself.
         await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 0, 120,
                                 "the unconfirmed copy released on its closed connection")
+    finally:
+        await client.aclose()
+
+
+async def test_a_copy_wakes_at_its_deadline_or_at_a_new_pace_not_on_a_poll(sims) -> None:
+    """No polling per request (10,000 in flight woke 20,000 times a second): a copy with a
+    deadline asks for it again only when it comes, and one with none yet only when the pace
+    may have changed."""
+    sim = sims("--hang-rate", "1")
+    client = make_client(sim.url, 4, 2.0, 30.0, None)
+    prompt = Prompt(index=1, id=None, messages=[{"role": "user", "content": "hi"}], tools=None)
+    pace = Pace(3.0, 0.1, 600.0)
+    asks: list[float] = []
+
+    def deadline() -> Deadline | None:
+        asks.append(time.monotonic())
+        return pace.deadline(0, 64)
+
+    async def refused() -> bool:
+        return False
+
+    try:
+        body = build_request(prompt, "default", 64, {}, {}, rid=rid_for(1, 1, 1, "e0"))
+        copy = asyncio.ensure_future(send_within(client, body, deadline, 3.0, refused,
+                                                 pace.changed))
+        await asyncio.to_thread(wait_until, lambda: _state(sim.url)["hung"] == 1, 120,
+                                "the copy held by the simulator")
+        await asyncio.sleep(0)
+        assert len(asks) == 1 and not copy.done()  # no pace: asleep until one comes
+        for _ in range(MIN_ANSWERS):  # 64 tokens in 1 s each: a 3 x 1 s deadline
+            pace.observe(0, 64, 1.0)
+        with pytest.raises(DeadlineMiss):
+            await asyncio.wait_for(copy, 120)
+        # Asked at the start, at the pace, and at its deadline (3 s after the start at least):
+        # a poll every RECHECK_S would have asked six times more.
+        assert len(asks) <= 4, asks
+        assert asks[-1] - asks[0] >= 3.0 - 0.05
     finally:
         await client.aclose()
 
