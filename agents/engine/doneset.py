@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable, Iterator
+
+# A byte of the bits with an index not done in it.
+_NOT_ALL_DONE = re.compile(rb"[^\xff]")
+
 
 class DoneSet:
     def __init__(self, size: int) -> None:
@@ -10,6 +16,8 @@ class DoneSet:
         self._count = 0
         # Indices generated more than once (retry truncated): index -> highest attempt.
         self._attempts: dict[int, int] = {}
+        # Told of each index newly done (the journal's count of failures not since done).
+        self.on_new: Callable[[int], None] | None = None
 
     def add(self, index: int, attempt: int = 1) -> bool:
         """Mark index done at `attempt`; returns True when the index was not done before."""
@@ -21,6 +29,8 @@ class DoneSet:
         if new:
             self._bits[byte] |= mask
             self._count += 1
+            if self.on_new is not None:
+                self.on_new(index)
         if attempt > 1 and attempt > self._attempts.get(index, 1):
             self._attempts[index] = attempt
         return new
@@ -36,6 +46,18 @@ class DoneSet:
         if index not in self:
             return 0
         return self._attempts.get(index, 1)
+
+    def missing(self, start: int = 0) -> Iterator[int]:
+        """The indices not done, from `start` on, in order, found lazily: a run of done ones
+        is skipped at C speed (a regex over the bits), never index by index."""
+        bits, size = self._bits, self.size
+        pos = start // 8
+        while (m := _NOT_ALL_DONE.search(bits, pos)) is not None:
+            byte = m.start()
+            for i in range(max(byte * 8, start), min(byte * 8 + 8, size)):
+                if not bits[i >> 3] & (1 << (i & 7)):
+                    yield i
+            pos = byte + 1
 
     def __len__(self) -> int:
         return self._count

@@ -7,11 +7,13 @@ at a generation attempt). `retry` events record which retry requests were applie
 from __future__ import annotations
 
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
+from agents.engine.doneset import DoneSet
 from agents.engine.durable import DurableAppend
 from agents.rundir.atomic import cut_torn_tail
 from agents.rundir.schema import FailureEvent, encoder, failure_decoder
@@ -23,6 +25,10 @@ class JournalState:
     last: dict[int, tuple[str, int, str]] = field(default_factory=dict)
     retry_applied: dict[str, int] = field(default_factory=dict)
     bad_input: int = 0
+    # Indices whose last event is `failed` and that are not done (kept as events and the
+    # done-set change, so the engine's snapshot counts failures in O(1), not O(journal)).
+    failed_open: set[int] = field(default_factory=set)
+    done: Container[int] | None = None
 
 
 class Journal:
@@ -61,6 +67,17 @@ class Journal:
             self.state.bad_input += 1
         detail = (ev.error if ev.event == "failed" else ev.what) or ""
         self.state.last[ev.index] = (ev.event, ev.attempt or 1, detail)
+        done = self.state.done
+        if ev.event == "failed" and (done is None or ev.index not in done):
+            self.state.failed_open.add(ev.index)
+        else:
+            self.state.failed_open.discard(ev.index)
+
+    def watch_done(self, done: DoneSet) -> None:
+        """Keep `failed_open` true to `done` from now on: an index done leaves it."""
+        self.state.done = done
+        self.state.failed_open = {i for i in self.state.failed_open if i not in done}
+        done.on_new = self.state.failed_open.discard
 
     def append(self, events: list[FailureEvent]) -> None:
         """Write events with one fsync, or none of them (a failed write is cut back);
@@ -78,7 +95,8 @@ class Journal:
                 if ev == "failed" and (include_bad_input or err != "bad_input")]
 
     def failed_count(self) -> int:
-        return sum(1 for ev, _, _ in self.state.last.values() if ev == "failed")
+        """Indices whose last event is `failed`, done ones left out once watch_done is on."""
+        return len(self.state.failed_open)
 
     def close(self) -> None:
         if self._file is not None:

@@ -92,3 +92,38 @@ def test_doneset_is_a_bitmap_with_attempts() -> None:
     with pytest.raises(IndexError):
         d.add(1_000_000)
     assert len(d._bits) == 125_000
+
+
+def test_the_failure_count_is_kept_as_events_and_done_indices_come(tmp_path: Path) -> None:
+    """The snapshot's failed figure is O(1): the journal keeps it as events and the done-set
+    change, and it always equals the count the snapshot used to take over the whole journal
+    (last event failed, index not done), across a recovery too."""
+    import random
+
+    from agents.engine.doneset import DoneSet
+    from agents.engine.journal import Journal, failed, requeued
+
+    rng = random.Random(7)
+    done = DoneSet(500)
+    journal = Journal(tmp_path / "failures.jsonl")
+    journal.recover()
+    journal.watch_done(done)
+
+    def scanned(j: Journal, d: DoneSet) -> int:
+        return sum(1 for i, (ev, _, _) in j.state.last.items() if ev == "failed" and i not in d)
+
+    for step in range(3000):
+        i = rng.randrange(500)
+        roll = rng.random()
+        if roll < 0.4:
+            journal.append([failed(i, "timeout", "x", 3, 0, attempt=rng.randint(1, 2))])
+        elif roll < 0.6:
+            journal.append([requeued(i, 2, "truncated")])
+        else:
+            done.add(i, rng.randint(1, 2))
+        assert journal.failed_count() == scanned(journal, done), step
+    journal.close()
+    again = Journal(tmp_path / "failures.jsonl")
+    again.recover()
+    again.watch_done(done)
+    assert again.failed_count() == scanned(again, done) > 0
