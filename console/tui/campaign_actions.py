@@ -3,7 +3,8 @@ as that node's own call (each node audits it under its own `who`), all at once; 
 outcome is reported as it would be for that node alone, then a line for the whole. Launch
 asks every node first (the check round of console/queue/launch.py) and starts nothing
 unless all of them pass. Retry on a generation campaign is the queue's: one node makes the
-new generation from the commits, then every node is resumed to run it."""
+new generation from the commits (truncated ones at the max tokens last set here on the
+campaign), then every node is resumed to run it."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ class CampaignControls:
     def __init__(self, port: ActionPort, controls: Controls) -> None:
         self.port = port
         self.controls = controls  # the per-node handlers, reused for each node
+        # Each campaign's max tokens as last set here: a retry of its truncated indices makes
+        # the new generation at that limit (as `retry CAMPAIGN truncated --max-tokens N`), so
+        # a node the raise missed, or one that joins later, runs it there too.
+        self.max_tokens_set: dict[str, int] = {}
 
     async def run(self, action_id: str, name: str) -> None:
         campaign = self.port.fleet.campaign(name)
@@ -97,6 +102,7 @@ class CampaignControls:
             "now " + self._figures(campaign, now),
             known.pop() if len(known) == 1 else None, minimum=1))
         if isinstance(answer, ValueAnswer):
+            self.max_tokens_set[campaign.name] = answer.value
             await self.each(campaign, f"max_tokens {answer.value}", lambda n: self.controls.simple(
                 n, "max_tokens", f"max_tokens {answer.value} for new requests",
                 {"value": answer.value}))
@@ -107,18 +113,24 @@ class CampaignControls:
             p = self.controls.progress(n)
             if p is not None:
                 failed, truncated = failed + p.failed, truncated + p.truncated
+        queue = self.port.fleet.campaign_role(campaign) == "generate"
+        raised = self.max_tokens_set.get(campaign.name) if queue else None
         what = await self.port.ask(RetryModal(
             f"every node of {campaign.name}",
-            f"failed now {f.num(failed)}, truncated {f.num(truncated)} across its nodes"))
+            f"failed now {f.num(failed)}, truncated {f.num(truncated)} across its nodes"
+            + (f"; truncated ones run again at max_tokens {raised}" if raised else "")))
         if not what:
             return
-        if self.port.fleet.campaign_role(campaign) != "generate":
+        if not queue:
             await self.each(campaign, f"retry {what}", lambda n: self.controls.simple(
                 n, "retry", f"retry {what}: re-queued", {"what": what}))
             return
+        params: dict[str, Any] = {"what": what}
+        if what == "truncated" and raised is not None:
+            params["max_tokens"] = raised
         answer = None
         for n in campaign.nodes:
-            answer = await self.controls.call(n, "queue_retry", {"what": what}, timeout=300)
+            answer = await self.controls.call(n, "queue_retry", params, timeout=300)
             if isinstance(answer, dict):
                 break
         if not isinstance(answer, dict):
