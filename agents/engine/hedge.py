@@ -49,7 +49,8 @@ class Job:
         self.max_tokens = 0
         self.copies: list[Copy] = []
         self.hedges = 0
-        self._changed = asyncio.Event()
+        # settle()'s wait: done when a copy ends or one is added (no task of its own).
+        self._wake: asyncio.Future[None] | None = None
 
     def next_rid(self) -> str:
         """The rid of the next copy to send (agents/engine/client.py `rid_for`)."""
@@ -58,8 +59,14 @@ class Job:
 
     def add(self, server: Server, task: asyncio.Task[Completion], hedge: bool, rid: str) -> None:
         task.add_done_callback(_retrieve)
+        task.add_done_callback(self._poke)
         self.copies.append(Copy(server, task, hedge, rid))
-        self._changed.set()
+        self._poke()
+
+    def _poke(self, _: Any = None) -> None:
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
 
     @property
     def servers(self) -> set[int]:
@@ -79,13 +86,12 @@ class Job:
                 assert last is not None, \
                     f"job {self.index}:{self.attempt}: settle() with no copy sent"
                 return last
-            self._changed.clear()
-            changed = asyncio.ensure_future(self._changed.wait())
-            try:
-                await asyncio.wait([*(c.task for c in self.copies), changed],
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                changed.cancel()
+            if not any(c.task.done() for c in self.copies):
+                self._wake = asyncio.get_running_loop().create_future()
+                try:
+                    await self._wake
+                finally:
+                    self._wake = None
             for c in [c for c in self.copies if c.task.done()]:
                 self.copies.remove(c)
                 if c.task.cancelled():
