@@ -160,11 +160,15 @@ def test_the_tail_gets_a_backup_and_the_first_commit_wins(
                         lease_s=60.0, chunk_size=20, concurrency_per_server=4)
               for k, s in enumerate([0.002, 0.002, 2.0])]
     env = _env(queue_s3)
-    for n in fleet:
+    slow = fleet[2]
+    # The slow node first, holding a chunk before the fast ones start: started together on a
+    # loaded box, the fast ones took all ten chunks before its engine was up (CI saw it).
+    slow.start(env)
+    wait_until(lambda: bool(_queue(slow).get("held")), RUN_S, "the slow node holds a chunk")
+    for n in fleet[:2]:
         n.start(env)
     _finish(fleet)
     _exactly_once(queue_s3, prefix_for(tmp_path), 200)
-    slow = fleet[2]
     assert sum(_queue(n).get("backups", 0) for n in fleet[:2]) >= 1, [n.logs() for n in fleet]
     # The slow node's chunk went to its backup: it lost the commit or dropped the chunk.
     assert _queue(slow).get("lost", 0) >= 1 or "committed by another node" in slow.logs()
