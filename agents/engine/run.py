@@ -9,6 +9,7 @@ import functools
 import heapq
 import logging
 import os
+import resource
 import secrets
 import signal
 import sys
@@ -36,6 +37,7 @@ from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.hedge import Hedger, Job
 from agents.engine.journal import Journal, failed, requeued, retry_applied
 from agents.engine.lastgood import control_problem, last_good_control
+from agents.engine.looplag import LoopLag
 from agents.engine.offsets import FILE as OFFSETS_FILE
 from agents.engine.offsets import OffsetIndex, StaleOffsets
 from agents.engine.pin import check_pin, publish_pin
@@ -111,6 +113,7 @@ class Engine:
         self.aborts_confirmed = 0
         self.late_answers = 0
         self.busy_answers = 0
+        self.lag = LoopLag()
         self._rid_tag = secrets.token_hex(4)
         self.hedges_won = 0
         self._abort_refused: set[int] = set()
@@ -348,6 +351,7 @@ class Engine:
             asyncio.create_task(self.dispatcher.probe_forever(), name="probe"),
             asyncio.create_task(self._hedge_loop(), name="hedge"),
             asyncio.create_task(self.autotune.run(), name="autotune"),
+            asyncio.create_task(self.lag.run(), name="loop-lag"),
         ]
         if self.queue is not None:
             background.append(asyncio.create_task(self.queue.keep(), name="queue-keep"))
@@ -1021,6 +1025,7 @@ class Engine:
             hedges_won=self.hedges_won, deadline_misses=self.deadline_misses,
             aborts_confirmed=self.aborts_confirmed, late_answers=self.late_answers,
             busy_answers=self.busy_answers,
+            loop_lag_ms=round(self.lag.recent_ms(), 1), loop_lag_max_ms=round(self.lag.worst_ms, 1),
             answers_by_limit=dict(t.answers_by_limit),
             truncated_by_limit=dict(t.truncated_by_limit),
             campaign=self.spec.run.campaign, queue=queue,
@@ -1105,7 +1110,19 @@ def _setup_file_log(path: Path) -> None:
     root.setLevel(logging.INFO)
 
 
+def raise_open_files() -> None:
+    """The soft open-files limit up to the hard one: a socket per request in flight (10,000
+    and more through a router), and the default soft limit is often 1,024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open files limit stays %d (hard %d): %s", soft, hard, exc)
+
+
 def run_engine(spec: RunSpec) -> int:
+    raise_open_files()
     engine = Engine(spec)
     engine.prepare()
     return event_loop_runner()(engine.run())

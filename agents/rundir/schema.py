@@ -219,6 +219,10 @@ class Progress(msgspec.Struct):
     # "Later" answers (a full queue: SGLang's 503 past --max-queued-requests, a 429): sent
     # again after a pause, not counted as a try.
     busy_answers: int = 0
+    # The engine's event loop: its worst stall (ms late past a 100 ms sleep) over the last
+    # minute and since it started. Everything the engine does waits behind a stall.
+    loop_lag_ms: float = 0.0
+    loop_lag_max_ms: float = 0.0
     # The ETA's p10-p90 band, from the spread of the recent rate (None until it is known).
     eta_p10_hours: float | None = None
     eta_p90_hours: float | None = None
