@@ -141,8 +141,8 @@ def main() -> None:
             figures["engine"].append((cpu / done, done / wall))
         load = os.getloadavg()
         print(f"{n:,} prompts, {args.servers} simulators (no delay), {args.concurrency} in "
-              f"flight per server, median of {args.rounds} interleaved rounds (httpx: one); load average "
-              f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
+              f"flight per server, median of {args.rounds} interleaved rounds (httpx: one); "
+              f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
         med = {k: (statistics.median(c for c, _ in v), statistics.median(s for _, s in v))
                for k, v in figures.items()}
         for name in ("aiohttp", "httpx", "engine"):
