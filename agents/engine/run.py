@@ -22,7 +22,7 @@ import msgspec
 
 from agents.engine import EngineError, recount
 from agents.engine import prompts as prompt_io
-from agents.engine.accounting import Meter, server_progress
+from agents.engine.accounting import Meter
 from agents.engine.autotune import AutoTuner
 from agents.engine.client import (
     Completion,
@@ -41,6 +41,7 @@ from agents.engine.looplag import LoopLag
 from agents.engine.offsets import FILE as OFFSETS_FILE
 from agents.engine.offsets import OffsetIndex, StaleOffsets
 from agents.engine.pin import check_pin, publish_pin
+from agents.engine.progress import PROGRESS_INTERVAL_S, Heartbeat, progress_of
 from agents.engine.retries import find_truncated
 from agents.engine.serverload import ServerLoad
 from agents.engine.store import BatchStore, ClosedBatch
@@ -50,14 +51,13 @@ from agents.queue import s3ops
 from agents.queue.board import Board, Me
 from agents.queue.layout import Layout
 from agents.queue.worker import QueueWorker, run_id_of
-from agents.rundir.atomic import AppendLog, atomic_write, make_dirs
+from agents.rundir.atomic import make_dirs
 from agents.rundir.control import ControlError, ensure_control, read_control
 from agents.rundir.crashpoint import crash_point
 from agents.rundir.schema import (
     BatchLine,
     Control,
     Progress,
-    QueueProgress,
     Usage,
     encoder,
 )
@@ -65,8 +65,6 @@ from agents.rundir.spec import GenerateSection, RunSpec, SpecError, keep_copy
 
 log = logging.getLogger("fleetdeck.engine")
 
-PROGRESS_INTERVAL_S = float(os.environ.get("FLEETDECK_PROGRESS_INTERVAL_S", "1.0"))
-HISTORY_INTERVAL_S = 10.0
 # "Later" answers a request may get before they count as its tries: a server whose queue
 # stays full for minutes (pauses up to 10 s) is not one request's fault.
 BUSY_TRIES = 60
@@ -87,6 +85,7 @@ class Engine:
         self.spec = spec
         self.gen: GenerateSection = spec.generate
         self.run_dir = spec.run_dir
+        self.heartbeat = Heartbeat(self.run_dir)
         # Supervised runs pass the URLs of the servers they launched.
         self.urls = urls if urls is not None else list(spec.servers.urls or [])
         self.status = "starting"
@@ -122,13 +121,9 @@ class Engine:
         self.uploader: Uploader | None = None
         self.control: Control | None = None
         self._control_mtime: int = -1
-        self._last_history = 0.0
-        self._history: AppendLog | None = None
         # Where the counted lines end in the store (batch, line): what totals.json says it
         # counted up to; set after each group is counted, on the loop.
         self._counted_at = (0, 0)
-        self._last_totals_sync = time.monotonic()
-        self._progress_error: str | None = None
         # Why control.json is not being followed (unreadable, out of range), for status.
         self._control_note: str | None = None
         # A campaign node ([queue]): its chunks, leased and committed through S3.
@@ -388,9 +383,7 @@ class Engine:
                 self.queue.close()
             if self.uploader:
                 self.uploader.close()
-            if self._history is not None:
-                self._history.close()
-                self._history = None
+            self.heartbeat.close()
             if self._lock_fd >= 0:
                 # Released, so the supervisor's next engine (stop, then resume) can take it.
                 os.close(self._lock_fd)
@@ -983,92 +976,19 @@ class Engine:
     # -- progress ---------------------------------------------------------------------------
 
     def snapshot(self) -> Progress:
-        t = self.meter.totals
-        completed = len(self.store.done)
-        failed_n = self._failed_count()
-        total = self.pin.prompts_lines
-        queue = None
-        if self.queue is not None:
-            qs = self.queue.summary()
-            total = completed + failed_n + qs["to_do_here"]
-            assert self.spec.queue is not None
-            queue = QueueProgress(node=self.spec.queue.node, run_id=self.queue.board.me.run_id,
-                                  finished=self.queue.finished, **qs)
-        up = self.uploader
-        servers = dict(
-            server_progress(s.number, s.url, s.state, s.in_flight, s.limit, s.completed, s.failed,
-                            s.req_rate.rate, s.tok_rate.rate, s.accept_length, s.errors_in_row,
-                            s.last_error)
-            for s in self.servers
-        )
-        for s in self.servers:
-            servers[str(s.number)].autotune = self.autotune.state(s.number)
-        assert self.control is not None
-        return self.meter.annotate(Progress(
-            total=total, completed=completed, failed=failed_n,
-            rate_per_sec=round(self.meter.rate.rate, 3),
-            eta_hours=self.meter.eta_hours(total - completed - failed_n),
-            total_input_tokens=t.input_tokens, total_output_tokens=t.output_tokens,
-            avg_output_tokens=round(t.output_tokens / completed, 1) if completed else 0.0,
-            elapsed_hours=round((time.time() - self.meter.started_at) / 3600, 4),
-            s3_uploaded=len(up.uploaded) if up else 0, s3_bytes=up.bytes if up else 0,
-            status=self.status,  # type: ignore[arg-type]
-            truncated=t.truncated, empty=t.empty, max_tokens=self.control.max_tokens,
-            concurrency=self.control.concurrency.default,
-            in_flight=sum(s.in_flight for s in self.servers), retried=t.retried,
-            s3_pending=up.pending if up else 0, control_rev=self._applied_rev,
-            updated_at=time.time(), servers=servers, run=self.spec.run.name, pid=os.getpid(),
-            started_at=self.meter.started_at, total_reasoning_tokens=t.reasoning_tokens,
-            bad_input=self.journal.state.bad_input, paused=self.dispatcher.paused,
-            s3_error=up.last_error if up else None, batches_closed=self._batches_closed,
-            message=self.message or self._control_note, tail=self.tail, hedges=self.hedger.sent,
-            hedges_won=self.hedges_won, deadline_misses=self.deadline_misses,
-            aborts_confirmed=self.aborts_confirmed, late_answers=self.late_answers,
-            busy_answers=self.busy_answers,
-            loop_lag_ms=round(self.lag.recent_ms(), 1), loop_lag_max_ms=round(self.lag.worst_ms, 1),
-            answers_by_limit=dict(t.answers_by_limit),
-            truncated_by_limit=dict(t.truncated_by_limit),
-            campaign=self.spec.run.campaign, queue=queue,
-        ))
+        return progress_of(self)
 
     def _totals_record(self) -> recount.TotalsRecord:
         """On the loop: the totals and the point in the store they count up to, together."""
         return recount.record_of(self.meter.totals, self._counted_at, self.meter.gpu_hours())
 
     def _sync_totals(self, rec: recount.TotalsRecord) -> None:
-        """totals.json, fsynced (blocking: the loop hands it to a thread)."""
-        try:
-            recount.write_record(self.run_dir, rec)
-        except OSError as exc:
-            self._heartbeat_failed(recount.FILE, exc)
-
-    def _append_history(self, snap: bytes) -> None:
-        """A status sample appended to history.jsonl and fsynced (blocking: from a thread)."""
-        try:
-            if self._history is None:
-                self._history = AppendLog(self.run_dir / "history.jsonl")
-            self._history.append_durable(snap + b"\n")
-        except OSError as exc:
-            self._heartbeat_failed("history.jsonl", exc)
-
-    def _heartbeat_failed(self, what: str, exc: OSError) -> None:
-        # A full disk: the heartbeat waits for space (said once, not every second); the
-        # run itself stops only when a completion cannot be stored.
-        if self._progress_error is None:
-            log.error("cannot write %s in %s: %s", what, self.run_dir, exc.strerror or exc)
-        self._progress_error = str(exc)
+        self.heartbeat.sync_totals(rec)
 
     def _write_progress(self, durable: bool = False) -> bytes | None:
-        """progress.json, the heartbeat (not fsynced but at the end: no total is read back
-        from it); the bytes written, None when they could not be."""
-        snap = encoder.encode(self.snapshot())
-        try:
-            atomic_write(self.run_dir / "progress.json", snap, durable=durable)
-        except OSError as exc:
-            self._heartbeat_failed("progress.json", exc)
-            return None
-        self._progress_error = None
-        return snap
+        """progress.json from a fresh snapshot; the bytes written, None when they could not
+        be."""
+        return self.heartbeat.write(encoder.encode(self.snapshot()), durable)
 
     async def _progress_loop(self) -> None:
         while True:
@@ -1077,13 +997,7 @@ class Engine:
             for s in self.servers:
                 s.req_rate.tick(now)
                 s.tok_rate.tick(now)
-            snap = self._write_progress()
-            if snap is not None and now - self._last_history >= HISTORY_INTERVAL_S:
-                self._last_history = now
-                await asyncio.to_thread(self._append_history, snap)
-            if now - self._last_totals_sync >= recount.SYNC_S:
-                self._last_totals_sync = now
-                await asyncio.to_thread(self._sync_totals, self._totals_record())
+            await self.heartbeat.beat(self._write_progress(), now, self._totals_record)
             await asyncio.sleep(PROGRESS_INTERVAL_S)
 
 
