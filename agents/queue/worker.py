@@ -219,7 +219,11 @@ class QueueWorker:
         """(Blocking, at a restart.) A chunk taken before it that is no longer this node's:
         committed by this run (the commit landed, its outcome not journaled), or by another
         node, or its lease gone to another node; its end journaled."""
-        there = self.board.read_commit(chunk.generation, chunk.number)
+        try:
+            there = self.board.read_commit(chunk.generation, chunk.number)
+        except ValueError as exc:  # not a commit record: not this run's either
+            log.warning("chunk %s: %s", chunk.name, exc)
+            there = None
         me = self.board.me
         if there is not None and (there.node, there.run_id) == (me.node, me.run_id):
             log.info("chunk %s: committed by this run before the restart", chunk.name)
@@ -308,10 +312,14 @@ class QueueWorker:
             states.append(board.state(g))
         self._figures(states)
         finished = not any(st.open() for st in states)
-        # Finished: every commit read, so the figures the node ends on are the campaign's.
-        self.count_commits(None if finished else COUNT_BUDGET_S)
         if finished:
+            # Every commit read first, so the figures the node ends on are the campaign's.
+            self.count_commits(None)
             return "finished"
+        try:
+            self.count_commits(COUNT_BUDGET_S)
+        except Exception as exc:  # a read that failed does not hold up a claim
+            log.warning("queue: cannot read the commits: %s", exc)
         for st in states:
             free = [c for c in st.free() if (st.generation, c.number) not in self.work]
             # Nodes looking at once spread over the first few free chunks, not all on one.
