@@ -22,25 +22,39 @@ class Totals:
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int = 0
-    truncated: int = 0  # current lines that stopped at max_tokens
+    truncated: int = 0  # current lines here that stopped at max_tokens
     empty: int = 0
     retried: int = 0  # tries of a request sent again (not in any line: carried, not recounted)
     lines: int = 0  # batch lines written, every attempt
     gpu_hours: float = 0.0  # earlier engines' (not in any line: carried, not recounted)
     answers_by_limit: dict[str, int] = field(default_factory=dict)
     truncated_by_limit: dict[str, int] = field(default_factory=dict)
+    # A bit per index: its current line here stopped at max_tokens (grown as indices come).
+    cut: bytearray = field(default_factory=bytearray)
 
     def add_line(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int,
-                 finish_reason: str, max_tokens: int, attempt: int, empty: bool) -> None:
-        """One batch line. A line above attempt 1 supersedes a truncated one: `retry
-        truncated` is the only way to a second attempt of an index that has a line (`retry
-        failed` sends again only indices without one, at attempt 1)."""
+                 finish_reason: str, max_tokens: int, attempt: int, empty: bool,
+                 index: int) -> None:
+        """One batch line of `index`. A line above attempt 1 supersedes the index's current
+        line here, which counted as truncated only if its bit is set: on one node `retry
+        truncated` is the only way to a second attempt of an index with a line, but on a
+        campaign node the line a retry generation replaces may be another node's (or a line
+        of this node's that lost its chunk's commit, cut or not). So `truncated` is never
+        below the bits set, never negative."""
         self.lines += 1
         self.input_tokens += prompt_tokens
         self.output_tokens += completion_tokens
         self.reasoning_tokens += reasoning_tokens
         truncated = finish_reason == "length"
-        self.truncated += truncated - (attempt > 1)
+        byte, mask = index >> 3, 1 << (index & 7)
+        if byte >= len(self.cut):
+            self.cut.extend(bytes(byte + 1 - len(self.cut)))
+        if attempt > 1 and self.cut[byte] & mask:
+            self.truncated -= 1
+            self.cut[byte] &= ~mask
+        if truncated:
+            self.truncated += 1
+            self.cut[byte] |= mask
         self.empty += empty
         self.count_answer(max_tokens, truncated)
 

@@ -4,7 +4,8 @@ written after that point.
 
 What each total comes from:
 - tokens, lines, truncated, empty, answers and truncations by max_tokens: the batch lines (the
-  record only saves reading the lines before its point), so they are exact after any crash;
+  record only saves reading the lines before its point, and keeps which indices' current
+  lines are truncated, compressed), so they are exact after any crash;
 - completed and failed: .done_indices and failures.jsonl (the store and the journal);
 - GPU-hours and retries within a request, which no line holds: the newer of totals.json and a
   readable progress.json, so a kill -9 loses about a second of them and a power loss at most
@@ -14,9 +15,11 @@ progress.json is the heartbeat for readers; no line total is read back from it.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import time
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,13 +54,18 @@ class TotalsRecord(msgspec.Struct, forbid_unknown_fields=True):
     retried: int
     gpu_hours: float
     written_at: float
+    # Totals.cut (a bit per index: its current line is truncated), zlib, base64. None in a
+    # record written before it was kept: such a record cannot carry `truncated` on.
+    cut: str | None = None
 
     def totals(self) -> Totals:
         return Totals(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
                       reasoning_tokens=self.reasoning_tokens, truncated=self.truncated,
                       empty=self.empty, retried=self.retried, lines=self.lines,
                       gpu_hours=self.gpu_hours, answers_by_limit=dict(self.answers_by_limit),
-                      truncated_by_limit=dict(self.truncated_by_limit))
+                      truncated_by_limit=dict(self.truncated_by_limit),
+                      cut=bytearray(zlib.decompress(base64.b64decode(self.cut or ""))
+                                    if self.cut else b""))
 
 
 def record_of(t: Totals, at: tuple[int, int], gpu_hours: float) -> TotalsRecord:
@@ -67,7 +75,8 @@ def record_of(t: Totals, at: tuple[int, int], gpu_hours: float) -> TotalsRecord:
                         truncated=t.truncated, empty=t.empty,
                         answers_by_limit=dict(t.answers_by_limit),
                         truncated_by_limit=dict(t.truncated_by_limit), retried=t.retried,
-                        gpu_hours=round(gpu_hours, 6), written_at=time.time())
+                        gpu_hours=round(gpu_hours, 6), written_at=time.time(),
+                        cut=base64.b64encode(zlib.compress(bytes(t.cut), 1)).decode())
 
 
 _record_decoder = msgspec.json.Decoder(TotalsRecord)
@@ -81,6 +90,7 @@ def write_record(run_dir: Path, rec: TotalsRecord) -> None:
 class _Counted(msgspec.Struct):
     """The fields of a batch line the totals need, decoded without the rest."""
 
+    index: int
     finish_reason: str
     usage: Usage
     max_tokens: int = 0
@@ -108,7 +118,7 @@ def add_lines(t: Totals, lines: Iterable[tuple[Path, int, bytes]],
             continue
         u = c.usage
         t.add_line(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, c.finish_reason,
-                   c.max_tokens, c.attempt, not c.content and not c.tool_calls)
+                   c.max_tokens, c.attempt, not c.content and not c.tool_calls, c.index)
         n += 1
     return n
 
@@ -157,8 +167,20 @@ def recover_totals(run_dir: Path, store: BatchStore, progress_raw: bytes | None,
     path = run_dir / FILE
     rec = _read_record(path, warnings)
     end = (store.next_number, store.open_lines)
-    t = rec.totals() if rec is not None else Totals()
-    start = (rec.batch, rec.line) if rec is not None else (0, 0)
+    t, start = Totals(), (0, 0)
+    if rec is not None:
+        try:
+            t, start = rec.totals(), (rec.batch, rec.line)
+        except (ValueError, zlib.error) as exc:
+            warnings.append(f"{path}: its truncated bits are unreadable ({exc}): every line "
+                            "counted again")
+            t = Totals(gpu_hours=rec.gpu_hours, retried=rec.retried)
+        if rec.cut is None and rec.truncated:
+            # Which indices' lines are the truncated ones is what a later line superseding
+            # one needs to know; a record from before it was kept cannot say.
+            warnings.append(f"{path} keeps no truncated bits (an older engine wrote it): every "
+                            "line counted again")
+            t, start = Totals(gpu_hours=rec.gpu_hours, retried=rec.retried), (0, 0)
     missing: list[str] = []
     bad: list[str] = []
     try:

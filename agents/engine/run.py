@@ -787,11 +787,11 @@ class Engine:
     def _count(self, group: list[tuple[int, int, bytes, BatchLine, str | None]]) -> None:
         """Durable lines into the totals, by the rule a recount after a crash follows."""
         t = self.meter.totals
-        for _, attempt, _, line, _ in group:
+        for index, attempt, _, line, _ in group:
             u = line.usage
             t.add_line(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens,
                        line.finish_reason, line.max_tokens, attempt,
-                       not line.content and not line.tool_calls)
+                       not line.content and not line.tool_calls, index)
             self.meter.rate.add()
 
     def _stop_on_write_error(self, what: str, exc: OSError) -> None:

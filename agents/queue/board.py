@@ -295,6 +295,11 @@ class Board:
             return True, None
         return False, there
 
+    def remember(self, c: rec.Commit) -> None:
+        """A commit read (or made) elsewhere: how long it took, so durations need not read
+        it again."""
+        self._took.setdefault((c.generation, c.chunk), c.committed_at - c.started_at)
+
     def durations(self, g: int, sample: int = 25) -> list[float]:
         """How long the newest commits of a generation took, from claim to commit (each read
         once: a commit never changes)."""

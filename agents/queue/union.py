@@ -92,7 +92,7 @@ def read_union(client: Any, bucket: str, prefix: str) -> Union:
                 u.problems.append(f"{where}: chunk {n} is not one of generation {g}'s "
                                   f"{len(chunks)}")
                 continue
-            bad = _commit_problem(c, chunks[n].indices, g, n, pin.prompts_lines)
+            bad = commit_problem(c, chunks[n].indices, g, n, pin.prompts_lines)
             if bad is not None:
                 u.problems.append(f"{where}: {bad}")
                 continue
@@ -100,7 +100,9 @@ def read_union(client: Any, bucket: str, prefix: str) -> Union:
     return u
 
 
-def _commit_problem(c: rec.Commit, chunk: Ranges, g: int, n: int, size: int) -> str | None:
+def commit_problem(c: rec.Commit, chunk: Ranges, g: int, n: int, size: int) -> str | None:
+    """Why commit `c`, found at generation g's chunk n (`chunk` its indices), does not hold
+    together with it; None when it does."""
     if (c.generation, c.chunk) != (g, n):
         return f"says generation {c.generation} chunk {c.chunk}"
     if c.attempt != g + 1:
@@ -253,4 +255,5 @@ def lines(client: Any, bucket: str, prefix: str) -> Iterator[tuple[int, bytes]]:
                 yield k.index, raw
 
 
-__all__ = ["Union", "Verdict", "count", "lines", "read_union", "verify"]
+__all__ = ["Union", "Verdict", "commit_problem", "count", "lines", "read_union",
+           "verify"]

@@ -7,9 +7,14 @@ committed: the open batch is closed, the batches holding its lines are confirmed
 the commit record (each batch's key, SHA-256 and indices; which indices failed) is created
 where none is. The first commit wins; a refused one is said, and its lines do not count.
 
+The campaign's figures (tally.py) come from the commit objects: each listing the finder makes
+is counted, every commit read once (a little of them each look, all of them before the node
+calls the campaign finished), this node's own commits as it makes them.
+
 Local state, for a restart: `RUN_DIR/queue/member.json` (this run's id, made once) and
 `RUN_DIR/queue/chunks.jsonl` (each chunk taken, with the batch number its lines start at, and
-each commit's outcome).
+each one's end: its commit's outcome, or dropped when another node committed it, with the
+lines this node had written of it that no commit names).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from agents.queue import records as rec
 from agents.queue.board import Board, GenState, Held
 from agents.queue.chunks import Chunk
 from agents.queue.ranges import expand, to_ranges
+from agents.queue.tally import Tally
+from agents.queue.union import commit_problem
 from agents.rundir.atomic import atomic_write, cut_torn_tail, make_dirs
 from agents.rundir.batchnames import batch_name
 from agents.rundir.crashpoint import crash_point
@@ -42,17 +49,21 @@ from agents.rundir.crashpoint import crash_point
 log = logging.getLogger("fleetdeck.queue")
 
 FOLDER = "queue"
+# What one look for work spends reading commit objects it has not read yet (a node that
+# joins a campaign of thousands of commits catches up over its looks, not before its claim).
+COUNT_BUDGET_S = 0.5
 
 
 class ChunkEvent(msgspec.Struct, omit_defaults=True):
-    op: Literal["take", "commit"]
+    op: Literal["take", "commit", "drop"]  # drop: another node's commit is the chunk's
     generation: int
     chunk: int
     at: float
     backup: bool = False
     first_batch: int = 0  # take: the batch number this chunk's lines start at
     won: bool = False  # commit: this node's commit is the chunk's
-    by: str | None = None  # commit: whose is, when not ours
+    by: str | None = None  # commit, drop: whose is, when not ours
+    lines: int = 0  # a commit refused, a drop: this node's lines of it that no commit names
 
 
 class _LineKey(msgspec.Struct):
@@ -91,6 +102,7 @@ class QueueFigures:
     committed: int = 0
     committed_here: int = 0
     lost: int = 0  # commits refused: another node was first
+    lost_lines: int = 0  # lines written here that no commit names (refused, dropped chunks)
     held: list[str] = field(default_factory=list)
     backups: int = 0
     taken_over: int = 0
@@ -130,6 +142,9 @@ class QueueWorker:
         self.work: dict[tuple[int, int], Work] = {}
         self.by_index: dict[int, Work] = {}
         self.figures = QueueFigures()
+        self.tally = Tally(pin.prompts_lines, board.me.node)
+        self._listed: dict[int, set[int]] = {}  # generation -> chunks the last listing had
+        self._unreadable: set[tuple[int, int]] = set()  # commits that do not hold together
         self.max_tokens: dict[int, int | None] = {0: None}  # a generation's own max_tokens
         self.finished = False  # every chunk of every generation committed
         self._changed = asyncio.Event()
@@ -168,10 +183,9 @@ class QueueWorker:
                 key = (ev.generation, ev.chunk)
                 if ev.op == "take":
                     taken[key] = ev
-                else:
-                    taken.pop(key, None)
-                    w.figures.committed_here += ev.won
-                    w.figures.lost += not ev.won
+                    continue
+                taken.pop(key, None)
+                w._ended(ev)
         w._log = DurableAppend(path, "queue")
         gens = board.generations(w.pin)
         for (g, n), ev in sorted(taken.items()):
@@ -180,10 +194,47 @@ class QueueWorker:
             chunk = board.chunks(g)[n]
             held = board.resume(chunk, ev.backup, ev.at)
             if held is None:
-                log.info("chunk %s: no longer this node's (taken over or committed)", chunk.name)
+                w._gone(chunk)
                 continue
             w._hold(held, ev.first_batch)
         return w
+
+    def _ended(self, ev: ChunkEvent) -> None:
+        """A chunk's end, journaled (now, or read back at a restart), in the figures."""
+        f = self.figures
+        if ev.op == "commit":
+            f.committed_here += ev.won
+            f.lost += not ev.won
+        f.lost_lines += ev.lines
+
+    def _end(self, ev: ChunkEvent) -> None:
+        assert self._log is not None
+        self._log.append(_encode(ev) + b"\n")
+        self._ended(ev)
+
+    def _lines_here(self, chunk: Chunk) -> int:
+        return sum(1 for i in expand(chunk.indices) if self.done.has(i, chunk.attempt))
+
+    def _gone(self, chunk: Chunk) -> None:
+        """(Blocking, at a restart.) A chunk taken before it that is no longer this node's:
+        committed by this run (the commit landed, its outcome not journaled), or by another
+        node, or its lease gone to another node; its end journaled."""
+        try:
+            there = self.board.read_commit(chunk.generation, chunk.number)
+        except ValueError as exc:  # not a commit record: not this run's either
+            log.warning("chunk %s: %s", chunk.name, exc)
+            there = None
+        me = self.board.me
+        if there is not None and (there.node, there.run_id) == (me.node, me.run_id):
+            log.info("chunk %s: committed by this run before the restart", chunk.name)
+            self._end(ChunkEvent(op="commit", generation=chunk.generation, chunk=chunk.number,
+                                 at=time.time(), won=True))
+            return
+        lines = self._lines_here(chunk)
+        log.info("chunk %s: no longer this node's (%s); %d lines of it here are in no commit",
+                 chunk.name, f"committed by {there.node}" if there else "taken over", lines)
+        self._end(ChunkEvent(op="drop", generation=chunk.generation, chunk=chunk.number,
+                             at=time.time(), by=there.node if there else None, lines=lines))
 
     def close(self) -> None:
         if self._log is not None:
@@ -253,24 +304,29 @@ class QueueWorker:
         """Claim a free chunk; else take over an expired lease; else, idle, back up a slow
         running chunk. "finished" when every chunk of every generation is committed."""
         board = self.board
-        open_chunks = 0
         states: list[GenState] = []
         for g in board.generations(self.pin):
             if g not in self.max_tokens:
                 gen = board.generation(g)
                 self.max_tokens[g] = gen.max_tokens if gen is not None else None
-            st = board.state(g)
-            states.append(st)
-            open_chunks += len(st.open())
-            free = [c for c in st.free() if (g, c.number) not in self.work]
+            states.append(board.state(g))
+        self._figures(states)
+        finished = not any(st.open() for st in states)
+        if finished:
+            # Every commit read first, so the figures the node ends on are the campaign's.
+            self.count_commits(None)
+            return "finished"
+        try:
+            self.count_commits(COUNT_BUDGET_S)
+        except Exception as exc:  # a read that failed does not hold up a claim
+            log.warning("queue: cannot read the commits: %s", exc)
+        for st in states:
+            free = [c for c in st.free() if (st.generation, c.number) not in self.work]
             # Nodes looking at once spread over the first few free chunks, not all on one.
             for chunk in random.sample(free[:8], len(free[:8])) + free[8:]:
                 held = board.claim(chunk)
                 if held is not None:
                     return self._taken(held)
-        self._figures(states)
-        if open_chunks == 0:
-            return "finished"
         for st in states:
             for n in sorted(st.leases):
                 if n in st.committed or (st.generation, n) in self.work:
@@ -321,6 +377,42 @@ class QueueWorker:
         f.generation = max(st.generation for st in states)
         f.chunks = sum(len(st.chunks) for st in states)
         f.committed = sum(len(st.committed) for st in states)
+        self._listed = {st.generation: set(st.committed) for st in states}
+
+    def count_commits(self, budget_s: float | None) -> int:
+        """(Blocking.) The commits the last listing had and the tally has not, read (each
+        once) and counted, lowest generation first, for about `budget_s` (None: all of
+        them); how many were read. One that does not hold together with its chunk is said
+        once and counted nowhere (verify names it too)."""
+        deadline = None if budget_s is None else time.monotonic() + budget_s
+        read = 0
+        for g, numbers in sorted(self._listed.items()):
+            chunks = self.board.chunks(g)
+            for n in sorted(numbers):
+                if self.tally.has(g, n) or (g, n) in self._unreadable:
+                    continue
+                if deadline is not None and read and time.monotonic() > deadline:
+                    return read
+                read += 1
+                problem: str | None = None
+                try:
+                    c = self.board.read_commit(g, n)
+                except ValueError as exc:
+                    c, problem = None, str(exc)
+                if c is not None:
+                    problem = (f"chunk {n} is not one of generation {g}'s {len(chunks)}"
+                               if n >= len(chunks) else
+                               commit_problem(c, chunks[n].indices, g, n,
+                                              self.pin.prompts_lines))
+                if problem is not None:
+                    log.warning("queue: the commit of chunk %d of generation %d is not counted: "
+                                "%s", n, g, problem)
+                    self._unreadable.add((g, n))
+                if c is None or problem is not None:
+                    continue
+                self.board.remember(c)
+                self.tally.add(c)
+        return read
 
     def _taken(self, held: Held) -> tuple[Held, int]:
         """(In the finder's thread.) A chunk just taken, journaled with the batch its lines
@@ -374,6 +466,10 @@ class QueueWorker:
         while True:
             await asyncio.sleep(interval)
             self._sweep()
+            try:  # the commits the finder's last listing had and it had no time to read
+                await asyncio.to_thread(self.count_commits, COUNT_BUDGET_S)
+            except Exception as exc:  # S3 away: the next look reads them
+                log.warning("queue: cannot read the commits: %s", exc)
             for work in list(self.work.values()):
                 if work.committing or work.lost:
                     continue
@@ -401,10 +497,14 @@ class QueueWorker:
             self.by_index.pop(i, None)
         work.todo.clear()
         work.unsent.clear()
-        log.info("chunk %s: %s; dropping its %d indices still to do", work.chunk.name, why,
-                 len(left))
+        chunk = work.chunk
+        lines = self._lines_here(chunk)
+        log.info("chunk %s: %s; dropping its %d indices still to do (%d lines of it here are "
+                 "in no commit)", chunk.name, why, len(left), lines)
         if self.abandon is not None and left:
             self.abandon(left)
+        self._end(ChunkEvent(op="drop", generation=chunk.generation, chunk=chunk.number,
+                             at=time.time(), lines=lines))
         self._forget(work)
 
     def _forget(self, work: Work) -> None:
@@ -467,18 +567,17 @@ class QueueWorker:
             bad_input=to_ranges(i for i in failed if self.journal.last[i][2] == "bad_input"))
         won, there = await asyncio.to_thread(self.board.commit, commit)
         crash_point("queue_commit")
-        assert self._log is not None
-        self._log.append(_encode(ChunkEvent(op="commit", generation=chunk.generation,
-                                            chunk=chunk.number, at=time.time(), won=won,
-                                            by=None if won else (there.node if there else "?")))
-                         + b"\n")
+        self._end(ChunkEvent(op="commit", generation=chunk.generation, chunk=chunk.number,
+                             at=time.time(), won=won,
+                             by=None if won else (there.node if there else "?"),
+                             lines=0 if won else len(done)))
         if won:
-            self.figures.committed_here += 1
             self.figures.committed += 1
+            self.board.remember(commit)
+            self.tally.add(commit)
             log.info("committed chunk %s: %d done (%d truncated), %d failed, in %d batches",
                      chunk.name, len(done), len(truncated), len(failed), len(batches))
         else:
-            self.figures.lost += 1
             who = f"{there.node} (run {there.run_id}, epoch {there.epoch})" if there else "?"
             log.warning("chunk %s: commit refused, %s committed it first; this node's %d lines "
                         "of it are not counted", chunk.name, who, len(done))
@@ -522,10 +621,15 @@ class QueueWorker:
 
     def summary(self) -> dict[str, Any]:
         f = self.figures
+        t = self.tally
         return {"generation": f.generation, "chunks": f.chunks, "committed": f.committed,
                 "committed_here": f.committed_here, "lost": f.lost, "held": f.held,
                 "backups": f.backups, "taken_over": f.taken_over, "s3_error": f.s3_error,
                 "to_do_here": sum(len(w.todo) for w in self.work.values()),
-                "prompts_lines": self.pin.prompts_lines, "chunk_size": self.pin.chunk_size}
+                "prompts_lines": self.pin.prompts_lines, "chunk_size": self.pin.chunk_size,
+                "commits_counted": t.commits, "lines_done": t.campaign.done,
+                "lines_failed": t.campaign.failed, "lines_truncated": t.campaign.truncated,
+                "done_here": t.here.done, "failed_here": t.here.failed,
+                "truncated_here": t.here.truncated, "lost_lines": f.lost_lines}
 
 

@@ -243,6 +243,12 @@ class Progress(msgspec.Struct):
 
 
 class QueueProgress(msgspec.Struct):
+    """A campaign node's view of the queue. The node's own figures (Progress.completed,
+    failed, truncated) are its run's lines, lines no commit names included; the `lines_*`
+    are the campaign's as the commit objects this node has read define them (each index
+    once, from its highest committing generation), `*_here` the part of those whose commit
+    is this node's. None: an agent from before the commits were counted."""
+
     node: str
     run_id: str
     generation: int = 0
@@ -258,6 +264,14 @@ class QueueProgress(msgspec.Struct):
     prompts_lines: int = 0  # the campaign's
     chunk_size: int = 0
     s3_error: str | None = None
+    commits_counted: int | None = None  # commit objects read, of every generation
+    lines_done: int | None = None  # truncated ones included
+    lines_failed: int | None = None
+    lines_truncated: int | None = None
+    done_here: int | None = None
+    failed_here: int | None = None
+    truncated_here: int | None = None
+    lost_lines: int | None = None  # written here, named by no commit (refused, dropped)
 
 
 class Cost(msgspec.Struct):

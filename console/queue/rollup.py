@@ -2,7 +2,15 @@
 all, lines done, rate, the ETA of what is left at the nodes' summed rate, failures,
 truncation and alerts, plus what needs a person's eye (a node of another campaign). Pure:
 the headless `status CAMPAIGN` and the TUI's campaign row both draw from `roll_up`. Nodes
-given back are named by the queue's own records (`queue_status` of any node)."""
+given back are named by the queue's own records (`queue_status` of any node).
+
+Lines done, failed and truncated are the commits': each node counts the campaign from the
+commit objects it has read (agents/queue/tally.py), so the roll-up takes the count of the
+node that has read the most of them (commits only grow), and each node's row is its part
+of it (the indices whose commit is its own), never the lines it wrote: a backup that lost, a
+zombie or a chunk another node committed first wrote lines that count nowhere, and a retry's
+line replaces the earlier one whoever wrote that. Only nodes whose agent counts no commits
+(older ones) are summed from their own figures."""
 
 from __future__ import annotations
 
@@ -11,7 +19,7 @@ from typing import Literal
 
 import msgspec
 
-from agents.rundir.schema import Alert, Snapshot
+from agents.rundir.schema import Alert, QueueProgress, Snapshot
 from console.fleet import Campaign, Fleet
 from console.state import FleetState
 
@@ -50,6 +58,7 @@ class NodeLine(msgspec.Struct, omit_defaults=False):
     held: list[str] = msgspec.field(default_factory=list)  # chunks it works on
     committed_here: int | None = None
     lost: int | None = None  # its commits refused: another node was first
+    lost_lines: int | None = None  # lines it wrote that no commit names
     error: str | None = None
 
 
@@ -120,6 +129,9 @@ def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member],
     rate = 0.0
     chunks = committed = None
     chunk_size = lines = 0
+    # The campaign's figures from the commits, as the node that has read most of them has
+    # them: (commits read, its snapshot's time) -> (done, failed, truncated).
+    counted: tuple[tuple[int, float], tuple[int, int, int]] | None = None
     for name in campaign.nodes:
         m = by_node.get(name, Member(name, "unknown"))
         link = GIVEN_BACK if name in given_back and m.link != "connected" else m.link
@@ -141,15 +153,26 @@ def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member],
         row.truncated, row.rate_per_sec = p.truncated, p.rate_per_sec
         row.eta_hours, row.eta_p10_hours, row.eta_p90_hours = \
             p.eta_hours, p.eta_p10_hours, p.eta_p90_hours
-        completed += p.completed
-        total += p.total
-        failed += p.failed
-        truncated += p.truncated
+        q = p.queue
+        part = commits_part(q) if q is not None else None
+        if q is not None and part is not None:
+            # Its part of the campaign: of the lines, the share its own commits hold.
+            row.completed, row.failed, row.truncated = part
+            row.total = q.prompts_lines
+            row.lost_lines = q.lost_lines
+            whole = (q.lines_done or 0, q.lines_failed or 0, q.lines_truncated or 0)
+            seen = (q.commits_counted or 0, p.updated_at)
+            if counted is None or seen > counted[0]:
+                counted = (seen, whole)
+        else:
+            completed += p.completed
+            total += p.total
+            failed += p.failed
+            truncated += p.truncated
         if p.status in LIVE:
             rate += p.rate_per_sec
         if p.campaign is not None and p.campaign != campaign.name:
             warnings.append(f"{name} runs for campaign {p.campaign!r}, not {campaign.name!r}")
-        q = p.queue
         if q is not None:
             row.held, row.committed_here, row.lost = list(q.held), q.committed_here, q.lost
             if q.node != name:
@@ -160,6 +183,9 @@ def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member],
             lines, chunk_size = max(lines, q.prompts_lines), max(chunk_size, q.chunk_size)
             if q.s3_error:
                 warnings.append(f"{name} cannot reach the queue: {q.s3_error}")
+    if counted is not None:
+        # Every node's commits are in the count: what older agents' nodes wrote is too.
+        completed, failed, truncated = counted[1]
     eta = p10 = p90 = None
     slowest = None
     if chunks is not None and committed is not None:
@@ -189,6 +215,15 @@ def roll_up(fleet: Fleet, campaign: Campaign, members: list[Member],
         warnings=warnings, rows=rows, step=step, total_steps=total_steps, loss=loss,
         chunks=chunks, committed=committed)
 
+
+
+def commits_part(q: QueueProgress) -> tuple[int, int, int] | None:
+    """A node's part of the campaign (done, failed, truncated: the indices whose commit is
+    its own); None when its agent counts no commits."""
+    if q.commits_counted is None or q.done_here is None or q.failed_here is None or \
+            q.truncated_here is None:
+        return None
+    return q.done_here, q.failed_here, q.truncated_here
 
 
 def from_state(state: FleetState, campaign: Campaign) -> Rollup:
@@ -234,6 +269,8 @@ def human(r: Rollup) -> list[str]:
                 line += f", holds {', '.join(s.held)}"
             if s.lost:
                 line += f", {s.lost} commits refused"
+            if s.lost_lines:
+                line += f", {s.lost_lines:,} lines in no commit"
         if s.alerts:
             line += f", {s.alerts} alert{'s' if s.alerts > 1 else ''}"
         if s.error:

@@ -15,6 +15,7 @@ from typing import Any
 from console.actions import BY_ID
 from console.fleet import Campaign
 from console.queue.launch import check_problems, launch_params, spec_problem
+from console.queue.rollup import from_state
 from console.tui.handlers import Controls
 from console.tui.port import ActionPort
 from console.tui.widgets import figures as f
@@ -108,11 +109,9 @@ class CampaignControls:
                 {"value": answer.value}))
 
     async def retry(self, campaign: Campaign) -> None:
-        failed = truncated = 0
-        for n in campaign.nodes:
-            p = self.controls.progress(n)
-            if p is not None:
-                failed, truncated = failed + p.failed, truncated + p.truncated
+        # The roll-up's: on a queue campaign the commits', each index once.
+        r = from_state(self.port.state, campaign)
+        failed, truncated = r.failed, r.truncated
         queue = self.port.fleet.campaign_role(campaign) == "generate"
         raised = self.max_tokens_set.get(campaign.name) if queue else None
         what = await self.port.ask(RetryModal(

@@ -7,7 +7,9 @@ nodes (resumed) run and commit.
 
 What the queue holds is read here with boto3 from the campaign's prefix (the commit objects,
 the retry generation's record, the batch lines), never from the console's own summary; the
-figures on screen are checked against it."""
+figures on screen are checked against it: each index once, from the commit that won it and
+its highest generation, with the tail's backup copies on (their losers' lines count nowhere)
+and retried indices redone on either node."""
 
 from __future__ import annotations
 
@@ -91,6 +93,18 @@ def union(commits: dict[int, dict[str, Any]], field: str, node: str | None = Non
                          if node is None or c["node"] == node))
 
 
+def final(*generations: dict[int, dict[str, Any]]) -> dict[int, tuple[str, str]]:
+    """index -> (the node whose commit holds it, done | cut | failed), from the highest
+    generation that committed it."""
+    out: dict[int, tuple[str, str]] = {}
+    for commits in generations:
+        for c in commits.values():
+            cut = indices(c["truncated"])
+            out.update({i: (c["node"], "cut" if i in cut else "done") for i in indices(c["done"])})
+            out.update({i: (c["node"], "failed") for i in indices(c["failed"])})
+    return out
+
+
 def _ready(url: str) -> bool:
     try:
         return httpx.get(f"{url}/ready", timeout=2.0).status_code == 200
@@ -100,9 +114,8 @@ def _ready(url: str) -> bool:
 
 def make_fleet(tmp_path: Path, s3: S3Server, prefix: str, sims: dict[str, SimHandle]) -> Fleet:
     """Each node local, with its own run dir, prompts file (the same lines) and spec: a
-    `[queue]` section on the campaign's prefix, small chunks and a short lease. No backup
-    copies at the tail (backup_after far off): a copy that loses the commit still counts its
-    lines in its node's figures, and the figures on screen are checked against the commits."""
+    `[queue]` section on the campaign's prefix, small chunks and a short lease; backup copies
+    of slow tail chunks at the default `backup_after`."""
     env = {**s3.env(), **ENGINE_ENV}
     if os.environ.get("PYTHONPATH"):  # the code under test, in the agent and its children
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
@@ -119,8 +132,7 @@ def make_fleet(tmp_path: Path, s3: S3Server, prefix: str, sims: dict[str, SimHan
                           request_timeout_s=60.0)
         text = spec.read_text().replace('prefix = "runs/test/"', f'prefix = "{prefix}"')
         text = text.replace('name = "test-run"', f'name = "{name}"')
-        spec.write_text(text + f"\n[queue]\nchunk_size = {CHUNK}\nlease_s = 6.0\npoll_s = 0.5\n"
-                        "backup_after = 1000.0\n")
+        spec.write_text(text + f"\n[queue]\nchunk_size = {CHUNK}\nlease_s = 6.0\npoll_s = 0.5\n")
         nodes.append(Node(name=name, run_dir=str(folder / "run"), local=True, agent=command,
                           spec=str(spec)))
     return Fleet(nodes=nodes, campaigns=[Campaign("traces", list(NODES))],
@@ -255,6 +267,29 @@ async def playbook(fleet: Fleet, q: Queue) -> None:
         await until(pilot, lambda: on_screen(app, CampaignScreen), 120, "the campaign screen")
         await until(pilot, lambda: f"done · {total}/{total} chunks (100.0%)" in bar(), 120,
                     "both generations' chunks in the bar")
+        # Each index once, from generation 1 where it was redone: lines done, failed and
+        # truncated on the bar, the row and each node's line are the commits'.
+        now = final(gen0, gen1)
+        states = [s for _, s in now.values()]
+        done_n, failed_n = sum(s != "failed" for s in states), states.count("failed")
+        assert states.count("cut") == len(still) and done_n + failed_n == LINES
+        parts = {n: sum(x == (n, "cut") for x in now.values()) for n in NODES}
+        await until(pilot, lambda: (lambda r: (r.completed, r.failed, r.truncated) ==
+                                    (done_n, failed_n, len(still)) and
+                                    {x.node: x.truncated for x in r.rows} == parts)(
+            from_state(app.state, fleet.campaigns[0])), RUN_S, "generation 1's figures")
         r = from_state(app.state, fleet.campaigns[0])
-        assert r.truncated == len(still)
-        assert f"truncated {f.pct(len(still), r.completed)}" in bar(), bar()
+        assert {x.node: x.completed for x in r.rows} == \
+            {n: sum(x[0] == n and x[1] != "failed" for x in now.values()) for n in NODES}
+        assert all(min(x.completed or 0, x.failed or 0, x.truncated or 0) >= 0 for x in r.rows)
+        assert f"{f.si(done_n)} lines" in bar() and f"failed {f.num(failed_n)}" in bar(), bar()
+        assert f"truncated {f.pct(len(still), done_n)}" in bar(), bar()
+        # Redone on the other node than the one that cut it, for some: the case that broke
+        # the nodes' own counts.
+        first = final(gen0)
+        assert any(first[i][0] != now[i][0] for i in cut), "every index redone where it was cut"
+        await pilot.press("escape")
+        await until(pilot, lambda: on_screen(app, FleetScreen), 120, "the fleet screen")
+        lines_done = f"{f.pct(done_n, LINES)} {f.si(done_n)}/{f.si(LINES)}"
+        await until(pilot, lambda: lines_done in campaign_row(), 120,
+                    f"the campaign row with {lines_done}")

@@ -24,10 +24,11 @@ def three_nodes() -> Fleet:
                  source="fleet.toml")
 
 
-def node_snapshot(name: str, committed: int, held: list[str], **progress: Any) -> Snapshot:
+def node_snapshot(name: str, committed: int, held: list[str],
+                  tally: dict[str, int] | None = None, **progress: Any) -> Snapshot:
     queue = {"node": name, "run_id": f"run-{name}", "chunks": 10, "committed": committed,
              "committed_here": 2, "lost": 0, "held": held, "prompts_lines": 10_000,
-             "chunk_size": 1000}
+             "chunk_size": 1000, **(tally or {})}
     p = d.progress(run="traces", campaign="traces", queue=queue, **progress)
     raw = d.generate_snapshot(run="traces", status=p["status"], progress=p, alerts=[])
     return msgspec.convert(raw, Snapshot)
@@ -92,6 +93,57 @@ def test_the_roll_up_counts_the_queues_chunks_and_the_given_back_nodes() -> None
     head = human(r)[0]
     assert "6/10 chunks committed (60.0%)" in head and "5,500 lines done" in head
     assert any("gen-3 given back" in line for line in human(r))
+
+
+def counted(commits: int, done: int, failed: int, truncated: int, here: tuple[int, int, int],
+            lost_lines: int = 0) -> dict[str, int]:
+    """A node's count of the commits it has read: the campaign's lines, and its part."""
+    return {"commits_counted": commits, "lines_done": done, "lines_failed": failed,
+            "lines_truncated": truncated, "done_here": here[0], "failed_here": here[1],
+            "truncated_here": here[2], "lost_lines": lost_lines}
+
+
+def test_the_lines_are_the_commits_count_of_the_node_that_read_most_of_them() -> None:
+    """Each node's own figures over-count (gen-2's backup copy that lost, its retry lines of
+    indices gen-1 had cut) or go below the commits (a retry on another node): the campaign's
+    lines are the count of the node that has read the most commit objects, each node's row
+    its part of them, the rows adding up to the campaign's."""
+    fleet = three_nodes()
+    c = fleet.campaign("traces")
+    # gen-1 read 9 commits: 7,000 done of which 400 cut, 30 failed; its part 4,000/10/300.
+    one = node_snapshot("gen-1", 9, [], counted(9, 7000, 30, 400, (4000, 10, 300)),
+                        completed=4400, failed=10, truncated=350, rate_per_sec=2.0)
+    # gen-2 read 10 (a commit more, of its own): the freshest count.
+    two = node_snapshot("gen-2", 10, [], counted(10, 8000, 40, 420, (3000, 20, 100), 250),
+                        completed=3700, failed=20, truncated=180, rate_per_sec=3.0)
+    # gen-3 read fewer, and its own truncated went below zero in an older agent's way.
+    three = node_snapshot("gen-3", 8, ["9"], counted(8, 6000, 25, 500, (1000, 10, 20)),
+                          completed=1000, failed=10, truncated=-14, rate_per_sec=1.0)
+    members = [Member("gen-1", "connected", one), Member("gen-2", "connected", two),
+               Member("gen-3", "connected", three)]
+    r = roll_up(fleet, c, members)
+    assert (r.completed, r.failed, r.truncated, r.total) == (8000, 40, 420, 10_000)
+    assert [(x.node, x.completed, x.failed, x.truncated, x.total) for x in r.rows] == [
+        ("gen-1", 4000, 10, 300, 10_000), ("gen-2", 3000, 20, 100, 10_000),
+        ("gen-3", 1000, 10, 20, 10_000)]
+    assert sum(x.completed or 0 for x in r.rows) == r.completed
+    assert [x.lost_lines for x in r.rows] == [0, 250, 0]
+    assert any("gen-2 connected" in line and "250 lines in no commit" in line
+               for line in human(r))
+    assert "8,000 lines done, 40 failed, 420 truncated" in human(r)[0]
+    # The same read count: the newer snapshot's.
+    later = node_snapshot("gen-1", 10, [], counted(10, 8100, 40, 410, (4100, 10, 290)),
+                          updated_at=two.progress.updated_at + 5)  # type: ignore[union-attr]
+    r = roll_up(fleet, c, [Member("gen-1", "connected", later), *members[1:]])
+    assert (r.completed, r.truncated) == (8100, 410)
+    # A node whose agent counts no commits: its own figures, summed, until one does.
+    old = node_snapshot("gen-1", 9, [], completed=4400, failed=10, truncated=350)
+    r = roll_up(fleet, c, [Member("gen-1", "connected", old)])
+    assert (r.completed, r.failed, r.truncated) == (4400, 10, 350)
+    assert r.rows[0].completed == 4400 and r.rows[0].lost_lines is None
+    r = roll_up(fleet, c, [Member("gen-1", "connected", old), *members[1:]])
+    assert (r.completed, r.failed, r.truncated) == (8000, 40, 420)
+    assert r.rows[0].completed == 4400  # its own, for want of its part
 
 
 def test_a_node_that_cannot_reach_the_queue_or_runs_for_another_campaign_is_named() -> None:

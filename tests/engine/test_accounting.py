@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from agents.engine.accounting import Meter, RateSpread, Totals
@@ -157,3 +158,40 @@ def test_a_rate_that_has_watched_little_is_the_mean_of_what_it_watched() -> None
     for s in range(601, 661):
         r.tick(float(s))
     assert r.rate == pytest.approx(10 * math.exp(-1), rel=1e-3)
+
+
+def test_a_retry_line_supersedes_a_truncated_line_only_where_this_run_wrote_one() -> None:
+    """On a campaign node the line a retry generation replaces may be another node's, or
+    one of this node's that was not cut (a backup that lost its chunk's commit): `truncated`
+    counts current lines here that are cut, never below zero, and carries across a restart
+    in totals.json (its bits with it) to a recount of the lines after the record's point."""
+    from agents.engine.recount import TotalsRecord, add_lines, record_of
+
+    t = Totals()
+
+    def line(index: int, finish: str, attempt: int = 1) -> None:
+        t.add_line(10, 5, 0, finish, 64, attempt, False, index)
+
+    line(3, "length")  # cut here, then redone here: superseded
+    line(4, "stop")  # not cut here (a lost backup's line), redone here cut
+    line(9, "length")  # cut here, not redone
+    assert t.truncated == 2
+    line(3, "stop", attempt=2)
+    line(4, "length", attempt=2)
+    line(700, "stop", attempt=2)  # another node's cut line redone here: nothing to take off
+    line(701, "length", attempt=2)
+    assert t.truncated == 3  # 4 (attempt 2), 9, 701
+    # Another node's lines of a generation redone here, none of them this node's: never < 0.
+    for i in range(1000, 1020):
+        line(i, "stop", attempt=3)
+    assert t.truncated == 3 and t.lines == 27
+    # Through totals.json's record and a recount of lines after it: the same figures.
+    rec = msgspec.json.decode(msgspec.json.encode(record_of(t, (0, 0), 0.0)), type=TotalsRecord)
+    again = rec.totals()
+    assert (again.truncated, again.cut) == (t.truncated, t.cut)
+    raw = [msgspec.json.encode({"index": i, "finish_reason": f, "attempt": a, "max_tokens": 64,
+                                "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+                                "content": "x"})
+           for i, f, a in ((9, "stop", 2), (4, "stop", 3), (1000, "length", 4))]
+    assert add_lines(again, [(Path("b"), k, r) for k, r in enumerate(raw)]) == 3
+    assert again.truncated == 2  # 9 and 4 redone whole, 1000 cut at its fourth attempt

@@ -65,6 +65,13 @@ def test_a_campaign_node_power_cut_live_at_the_queue_crash_points(
     v = verify(s3.client(), s3.bucket, prefix, deep=1.0)
     assert v.ok and v.committed == v.chunks == 4 and v.done + v.failed == 120, v.problems
     assert found["resumed to"] == 120
+    # Every commit is this node's, the one whose outcome the cut took among them; the
+    # campaign's lines, counted from the commit objects, are all its own.
+    q = json.loads((forgetful_dir / "run" / "progress.json").read_text())["queue"]
+    assert (q["committed_here"], q["lost"], q["lost_lines"], q["commits_counted"]) == \
+        (4, 0, 0, 4), q
+    assert (q["lines_done"], q["lines_failed"]) == (v.done, v.failed) == \
+        (q["done_here"], q["failed_here"]), q
 
 
 def _s3_run(root: Path, fs: ForgetfulDir, url: str, s3: S3Server, prefix: str,

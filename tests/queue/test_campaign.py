@@ -15,6 +15,7 @@ import pytest
 
 from agents.queue.board import Board, Me
 from agents.queue.layout import Layout
+from agents.queue.ranges import expand
 from agents.queue.union import read_union
 from tests.engine.runs import write_prompts
 from tests.queue.nodes import Node, check, make_node, prefix_for
@@ -68,6 +69,70 @@ def _exactly_once(s3: S3Server, prefix: str, lines: int) -> None:
     v = check(s3, prefix, deep=1.0)
     assert v.ok, v.problems
     assert v.done + v.failed == lines and v.committed == v.chunks
+
+
+Figures = tuple[int, int, int]  # done (truncated ones included), failed, truncated
+
+
+def _commit_objects(s3: S3Server, prefix: str) -> list[dict[str, Any]]:
+    """Every commit object of every generation, as S3 holds it (boto3, not our reader)."""
+    client = s3.client()
+    out = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket,
+                                                                 Prefix=prefix + "commits/"):
+        for item in page.get("Contents", []):
+            body = client.get_object(Bucket=s3.bucket, Key=item["Key"])["Body"].read()
+            out.append(json.loads(body))
+    return out
+
+
+def _truth(commits: list[dict[str, Any]]) -> tuple[Figures, dict[str, Figures]]:
+    """The campaign's lines by its commits, each index from its highest generation, and each
+    node's part (the indices whose commit is its own)."""
+    final: dict[int, tuple[int, str, str]] = {}  # index -> (generation, node, state)
+    for c in sorted(commits, key=lambda c: c["generation"]):
+        cut = {i for a, b in c["truncated"] for i in range(a, b)}
+        for a, b in c["done"]:
+            final.update({i: (c["generation"], c["node"], "cut" if i in cut else "done")
+                          for i in range(a, b)})
+        for a, b in c["failed"]:
+            final.update({i: (c["generation"], c["node"], "failed") for i in range(a, b)})
+
+    def figures(states: list[str]) -> Figures:
+        return (sum(s != "failed" for s in states), states.count("failed"), states.count("cut"))
+
+    nodes = {node for _, node, _ in final.values()}
+    return figures([s for _, _, s in final.values()]), {
+        n: figures([s for _, node, s in final.values() if node == n]) for n in nodes}
+
+
+def _own_current_cut(n: Node) -> int:
+    """The node's own lines (its run dir's batches) that are current there (the highest
+    attempt of their index) and cut at max_tokens."""
+    current: dict[int, tuple[int, str]] = {}
+    for path in sorted((n.run_dir / "completions").glob("completions_*")):
+        for raw in path.read_bytes().splitlines():
+            x = json.loads(raw)
+            if x["index"] not in current or x.get("attempt", 1) > current[x["index"]][0]:
+                current[x["index"]] = (x.get("attempt", 1), x["finish_reason"])
+    return sum(f == "length" for _, f in current.values())
+
+
+def _figures_are_the_commits(s3: S3Server, prefix: str, nodes: list[Node]) -> Figures:
+    """Each finished node's count of the campaign is its commits', each index once, and its
+    part is the indices its own commits hold; its own truncated count is its current lines
+    that are cut, never below zero, whoever redid them."""
+    commits = _commit_objects(s3, prefix)
+    whole, parts = _truth(commits)
+    for n in nodes:
+        q = _queue(n)
+        assert q["commits_counted"] == len(commits), (n.name, q)
+        assert (q["lines_done"], q["lines_failed"], q["lines_truncated"]) == whole, (n.name, q)
+        assert (q["done_here"], q["failed_here"], q["truncated_here"]) == \
+            parts.get(n.name, (0, 0, 0)), (n.name, q)
+        truncated = (n.progress() or {})["truncated"]
+        assert truncated == _own_current_cut(n) >= 0, (n.name, truncated)
+    return whole
 
 
 def test_six_nodes_uneven_one_killed_mid_chunk_one_added_late(
@@ -147,6 +212,10 @@ def test_a_node_cut_off_from_s3_past_its_lease_keeps_working_and_its_late_commit
         assert _queue(cut)["lost"] >= 1, cut.logs()
         assert "commit refused, other" in cut.logs()
         _exactly_once(own_s3, prefix_for(tmp_path), 120)
+        # The zombie's lines count nowhere in the campaign's figures; it says it lost them.
+        whole = _figures_are_the_commits(own_s3, prefix_for(tmp_path), [cut, other])
+        assert whole[0] + whole[1] == 120
+        assert _queue(cut)["lost_lines"] >= 1, _queue(cut)
         assert board.read_commit(0, held).node == "other"  # type: ignore[union-attr]
     finally:
         front.close()
@@ -172,6 +241,14 @@ def test_the_tail_gets_a_backup_and_the_first_commit_wins(
     assert sum(_queue(n).get("backups", 0) for n in fleet[:2]) >= 1, [n.logs() for n in fleet]
     # The slow node's chunk went to its backup: it lost the commit or dropped the chunk.
     assert _queue(slow).get("lost", 0) >= 1 or "committed by another node" in slow.logs()
+    # Both copies wrote lines; only the winner's count, on every node's count of the campaign
+    # (no index twice: the nodes' own lines add up to more than the campaign has).
+    whole = _figures_are_the_commits(queue_s3, prefix_for(tmp_path), fleet)
+    assert whole[0] + whole[1] == 200
+    lost = [_queue(n)["lost_lines"] for n in fleet]
+    assert sum(lost) >= 1, lost
+    own = sum((n.progress() or {})["completed"] for n in fleet)
+    assert own == whole[0] + sum(lost), (own, whole, lost)
 
 
 def test_s3_killed_and_restarted_mid_run(tmp_path: Path, own_s3: S3Server,
@@ -253,6 +330,14 @@ def test_a_retry_generation_after_a_max_tokens_raise_redoes_exactly_the_truncate
     for i in cut:
         line = json.loads(got[i])
         assert line["attempt"] == 2 and line["max_tokens"] == 4096
+    # Each index once, from generation 1 where it was redone, whichever node cut it first.
+    whole = _figures_are_the_commits(queue_s3, prefix, fleet)
+    assert whole == (120, 0, len(still))
+    redone_elsewhere = [
+        i for c1 in u.commits[1].values() for i in expand(c1.done)
+        if next(c0.node for c0 in first.commits[0].values()
+                if any(a <= i < b for a, b in c0.done)) != c1.node]
+    assert redone_elsewhere, "no index was redone on another node than the one that cut it"
 
 
 def test_a_node_given_back_early_is_seen_by_any_console_through_the_queue(

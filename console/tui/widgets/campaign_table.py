@@ -1,5 +1,6 @@
-"""A campaign's nodes, a row each: the node, its place (the chunks it holds and has committed;
-a training rank), its run's status and figures, and its contact, all from the roll-up
+"""A campaign's nodes, a row each: the node, its place (the chunks it holds and has committed,
+and the lines it wrote that no commit names; a training rank), its run's status and figures
+(on a queue campaign its part of the commits' lines), and its contact, all from the roll-up
 (console/queue/rollup.py) and the node's state."""
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ class MemberTable(LiveTable):
             if s.committed_here is not None:
                 place = f"{s.committed_here} done" + (f", on {shown(', '.join(s.held))}"
                                                       if s.held else "")
-                if s.lost:
+                if s.lost_lines:  # lines it wrote that no commit names
+                    place += f", {f.si(s.lost_lines)} lines lost"
+                elif s.lost:
                     place += f", {s.lost} lost"
             else:
                 place = s.place if s.place != s.node else f.DASH
