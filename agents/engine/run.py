@@ -42,15 +42,12 @@ from agents.engine.offsets import FILE as OFFSETS_FILE
 from agents.engine.offsets import OffsetIndex, StaleOffsets
 from agents.engine.pin import check_pin, publish_pin
 from agents.engine.progress import PROGRESS_INTERVAL_S, Heartbeat, progress_of
+from agents.engine.queuefeed import QueueFeed
 from agents.engine.retries import find_truncated
 from agents.engine.serverload import ServerLoad
 from agents.engine.store import BatchStore, ClosedBatch
 from agents.engine.uploader import RUN_FOLDER, Uploader, check_bucket, make_s3_client
-from agents.queue import records as queue_records
-from agents.queue import s3ops
-from agents.queue.board import Board, Me
-from agents.queue.layout import Layout
-from agents.queue.worker import QueueWorker, run_id_of
+from agents.queue.worker import QueueWorker
 from agents.rundir.atomic import make_dirs
 from agents.rundir.control import ControlError, ensure_control, read_control
 from agents.rundir.crashpoint import crash_point
@@ -180,7 +177,8 @@ class Engine:
                 publish_pin(make_s3_client(self.spec.s3), self.spec.s3, self.pin)
             else:
                 # A campaign node: its journals go beside its batches, under its run id.
-                self._prepare_queue()
+                self.queue_feed = QueueFeed(self)
+                self.queue = self.queue_feed.open()
         self._batches_closed = len(rec.closed_batches)
         progress_raw = None
         try:
@@ -235,58 +233,8 @@ class Engine:
         self.autotune = AutoTuner(self.run_dir, self.servers, lambda: self.control,
                                   self.gen.max_concurrency)
 
-    def _prepare_queue(self) -> None:
-        """A campaign node: the store probed for conditional writes, the campaign's pin agreed
-        or put, the prompts' offset index loaded, chunks held before a restart taken up."""
-        q, s3 = self.spec.queue, self.spec.s3
-        assert q is not None and s3 is not None and self.uploader is not None
-        client = make_s3_client(s3)
-        where = f"the S3 store at {s3.endpoint_url or 'AWS'} (bucket {s3.bucket!r})"
-        s3ops.probe(client, s3.bucket, Layout(s3.prefix), where)
-        run_id = run_id_of(self.run_dir)
-        board = Board(client, s3.bucket, s3.prefix, Me(q.node, run_id), q.lease_s, q.skew)
-        self.uploader.key_prefix = board.layout.batches(q.node, run_id)
-        self.uploader.watch_journals(f"{q.node}/{run_id}", [self.journal.path])
-        pin = queue_records.CampaignPin(
-            campaign=self.spec.run.campaign or self.spec.run.name,
-            prompts_sha256=self.pin.prompts_sha256, prompts_lines=self.pin.prompts_lines,
-            chunk_size=q.chunk_size, model=self.spec.model_name, sampling=self.gen.sampling,
-            chat_template_kwargs=self.gen.chat_template_kwargs, created_at=time.time(),
-            created_by=q.node)
-        self.queue = QueueWorker.open(board, pin, self.run_dir, self.store.done,
-                                      self.journal.state, self._capacity, q.poll,
-                                      q.backup_after)
-        self.queue.close_open = self._close_for_commit
-        self.queue.uploaded = self._uploaded
-        self.queue.abandon = self._abandon
-        self.queue.next_batch = lambda: self.store.next_number
-
     def _capacity(self) -> int:
         return sum(s.limit for s in getattr(self, "servers", [])) or 1
-
-    async def _close_for_commit(self) -> int:
-        """A chunk is complete: the open batch closed (its lines may be there), so every line
-        of the chunk is in a closed batch; the batch number after the last closed one."""
-        async with self._store_lock:
-            closed = await asyncio.to_thread(self.store.close_open_batch)
-            self._closed([closed] if closed else [])
-            return self.store.next_number
-
-    async def _uploaded(self, names: list[str]) -> dict[str, Any]:
-        """Wait until each named batch is confirmed in S3; their upload records."""
-        up = self.uploader
-        assert up is not None
-        while True:
-            if all(n in up.uploaded for n in names):
-                return {n: up.uploaded[n] for n in names}
-            await up.wait_upload()
-
-    def _abandon(self, indices: list[int]) -> None:
-        """Another node committed the chunk: its requests still out are aborted."""
-        for i in indices:
-            task = self._req_tasks.get(i)
-            if task is not None:
-                task.cancel()
 
     def _limit_for(self, server: int) -> int:
         assert self.control is not None
@@ -356,7 +304,7 @@ class Engine:
                                                   name="journals"))
         self.status = "paused" if self.dispatcher.paused else "running"
         try:
-            await (self._feed_queue() if self.queue is not None else self._feed())
+            await (self.queue_feed.feed() if self.queue is not None else self._feed())
             self._feed_over = True
             await self._finish()
         finally:
@@ -464,46 +412,6 @@ class Engine:
         edited, or left by another file): built again from the file, and the pass goes on."""
         log.warning("%s; building the offset index again", exc)
         await asyncio.to_thread(self._load_offsets, True)
-
-    async def _feed_queue(self) -> None:
-        """A campaign node: chunk after chunk from the queue, each one's lines read by their
-        offsets; over once every chunk of the campaign is committed, or on stop."""
-        q = self.queue
-        assert q is not None
-        while not self.stopping:
-            work = await q.next_chunk(lambda: self.stopping)
-            if work is None:
-                break
-            todo, work.unsent = work.unsent, []
-            pos = 0
-            try:
-                for index, raw in self.offsets.read(self.spec.prompts_path, todo,
-                                                    self.gen.max_prompt_bytes):
-                    if self.stopping:
-                        return
-                    if work.lost or index not in work.todo or index in self._inflight:
-                        pos += 1
-                        continue
-                    server = await self.dispatcher.acquire()
-                    if server is None:
-                        return
-                    pos += 1
-                    if work.lost or index not in work.todo:
-                        await self.dispatcher.release(server)
-                        continue
-                    self._dispatch(index, raw, server, work.chunk.attempt)
-                    if pos % 256 == 0:
-                        await asyncio.sleep(0)
-            except StaleOffsets as exc:
-                await self._offsets_stale(exc)
-            finally:
-                if pos < len(todo) and not work.lost:
-                    work.unsent = todo[pos:] + work.unsent
-        # Stopping, or the campaign is done: what is in flight ends, lines on disk.
-        while self._live and not self.stopping:
-            self._idle.clear()
-            await self._idle.wait()
-        await self._join_writer()
 
     def _dispatch(self, index: int, raw: bytes | prompt_io.TooLong, server: Server,
                   attempt: int) -> None:
@@ -839,28 +747,13 @@ class Engine:
                 "uploads them")
             log.warning("journals not uploaded: %s", self.uploader.last_error)
         if self.queue is not None:
-            await self._finish_queue()
+            await self.queue_feed.finish()
         if self.writer_error is not None:
             self.status = "failed"
         elif self.queue is not None and not self.stopping and not self.queue.finished:
             self.status = "stopped"
         else:
             self.status = "stopped" if self.stopping else "done"
-
-    async def _finish_queue(self) -> None:
-        """A campaign node at its end: the commits under way land (unless S3 stays away
-        past the drain), and on a stop the leases of unfinished chunks are released, so
-        another node takes them at once rather than after their term."""
-        q = self.queue
-        assert q is not None
-        try:
-            await asyncio.wait_for(q.drain(), self.gen.drain_timeout_s)
-        except TimeoutError:
-            self.message = self.message or ("commits not yet in S3 "
-                                            f"({q.figures.s3_error}); a resume commits them")
-            log.warning("queue: %s", self.message)
-        if self.stopping:
-            await asyncio.to_thread(q.release_all)
 
     # -- control ----------------------------------------------------------------------------
 
