@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -37,13 +39,38 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return preexec
 
 
-def free_ports(n: int) -> list[int]:
-    """Return n distinct free TCP ports on 127.0.0.1 (all sockets held until all are chosen)."""
-    socks = []
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000  # below this: well-known and registered services
+_random = random.SystemRandom()
+
+
+def _ephemeral_start() -> int:
     try:
-        for _ in range(n):
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
+def free_ports(n: int) -> list[int]:
+    """Return n distinct free TCP ports on 127.0.0.1 (all sockets held until all are chosen),
+    drawn at random below the kernel's ephemeral range. A port the kernel hands out for
+    port 0 is an ephemeral one, which any outgoing connection on the machine may take next:
+    a server that binds late (SGLang binds only after loading its weights, as the simulator
+    does) found its port taken by another test's client (ci3: "address already in use")."""
+    start = _ephemeral_start()
+    pool = range(LOWEST_PORT, start) if start - LOWEST_PORT >= 50 * n else None
+    socks: list[socket.socket] = []
+    try:
+        tries = 0
+        while len(socks) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            port = _random.choice(pool) if pool is not None and tries < 1000 else 0
+            tries += 1
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
