@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.servers.s3 import S3Server, running_s3
-from tests.servers.sshd import SshServer, start_sshd
+from tests.servers.sshd import SshServer, running_sshd
 
 pytest_plugins = ["tests.plugins.sims", "tests.plugins.supervised", "tests.plugins.finished_run",
                   "tests.plugins.pilot"]
@@ -17,13 +15,8 @@ pytest_plugins = ["tests.plugins.sims", "tests.plugins.supervised", "tests.plugi
 
 @pytest.fixture
 def sshd() -> Iterator[SshServer]:
-    # A short path of its own: sshd and Unix sockets dislike long ones.
-    with tempfile.TemporaryDirectory(prefix="fd-sshd-") as d:
-        server = start_sshd(Path(d))
-        try:
-            yield server
-        finally:
-            server.kill()
+    with running_sshd() as server:
+        yield server
 
 
 @pytest.fixture

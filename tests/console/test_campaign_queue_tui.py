@@ -39,6 +39,7 @@ from tests.console.screen import Recorder, progress, screen_text
 from tests.console.test_actions_live import answer_value, confirm
 from tests.engine.runs import write_prompts, write_spec
 from tests.plugins.supervised import kill_run
+from tests.queue.prefix import PrefixReader, indices, union
 from tests.servers.ports import kill_pid, wait_until
 from tests.servers.s3 import S3Server, running_s3
 from tests.simserver import FAST_ARGS, SimHandle, start_sim
@@ -59,38 +60,11 @@ ENGINE_ENV = {"FLEETDECK_S3_TIMEOUT_S": "5", "FLEETDECK_JOURNAL_INTERVAL_S": "1"
 
 
 @dataclass
-class Queue:
+class Queue(PrefixReader):
     """The campaign's prefix, read with boto3."""
 
     s3: S3Server
     prefix: str
-
-    def listing(self, under: str = "") -> list[str]:
-        client = self.s3.client()
-        out: list[str] = []
-        for page in client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.s3.bucket, Prefix=self.prefix + under):
-            out += [item["Key"] for item in page.get("Contents", [])]
-        return out
-
-    def read(self, key: str) -> bytes:
-        body: bytes = self.s3.client().get_object(Bucket=self.s3.bucket, Key=key)["Body"].read()
-        return body
-
-    def commits(self, generation: int) -> dict[int, dict[str, Any]]:
-        """Chunk -> its commit object, as S3 holds them."""
-        return {int(k.rsplit("/", 1)[1]): json.loads(self.read(k))
-                for k in self.listing(f"commits/gen-{generation:04d}/")}
-
-
-def indices(ranges: list[list[int]]) -> set[int]:
-    return {i for a, b in ranges for i in range(a, b)}
-
-
-def union(commits: dict[int, dict[str, Any]], field: str, node: str | None = None) -> set[int]:
-    """The indices every commit (of `node`, if given) lists under `field`."""
-    return set().union(*(indices(c[field]) for c in commits.values()
-                         if node is None or c["node"] == node))
 
 
 def final(*generations: dict[int, dict[str, Any]]) -> dict[int, tuple[str, str]]:

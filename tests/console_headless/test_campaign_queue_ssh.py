@@ -15,12 +15,10 @@ import functools
 import json
 import os
 import subprocess
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -28,9 +26,10 @@ import pytest
 from tests.console_headless.test_headless_ssh import AGENT, fleetdeck, node_toml
 from tests.engine.runs import write_prompts, write_spec
 from tests.plugins.supervised import kill_run, wait_status
+from tests.queue.prefix import PrefixReader, indices
 from tests.servers.ports import free_ports, kill_pid, wait_until
 from tests.servers.s3 import S3Server, running_s3
-from tests.servers.sshd import SshServer, start_sshd
+from tests.servers.sshd import SshServer, running_sshd
 from tests.simserver import FAST_ARGS, SimHandle, start_sim
 
 # Every wait is for a condition; this bounds it on a loaded 2-core machine.
@@ -54,12 +53,8 @@ SLOW = ("--time-scale", "1.0", "--load-seconds", "0", "--decode-log-interval-s",
 def host() -> Iterator[SshServer]:
     """One sshd for every "host": the nodes differ by run dir (a short path: sshd dislikes
     long ones)."""
-    with tempfile.TemporaryDirectory(prefix="fd-sshd-") as d:
-        server = start_sshd(Path(d))
-        try:
-            yield server
-        finally:
-            server.kill()
+    with running_sshd() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +91,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimH
 # -- the campaign ---------------------------------------------------------------------------------
 
 @dataclass
-class Campaign:
+class Campaign(PrefixReader):
     name: str
     fleet: Path
     entries: dict[str, str]  # each node's fleet-file table
@@ -115,30 +110,9 @@ class Campaign:
         return [n for n, rd in self.run_dirs.items()
                 if (rd / "supervisor.pid").exists() or (rd / "run.toml").exists()]
 
-    def listing(self, under: str = "") -> list[str]:
-        client = self.s3.client()
-        out: list[str] = []
-        for page in client.get_paginator("list_objects_v2").paginate(
-                Bucket=self.s3.bucket, Prefix=self.prefix + under):
-            out += [item["Key"] for item in page.get("Contents", [])]
-        return out
-
-    def read(self, key: str) -> bytes:
-        body: bytes = self.s3.client().get_object(Bucket=self.s3.bucket, Key=key)["Body"].read()
-        return body
-
-    def commits(self, generation: int) -> dict[int, dict[str, Any]]:
-        """Chunk -> its commit object, as S3 holds them."""
-        return {int(k.rsplit("/", 1)[1]): json.loads(self.read(k))
-                for k in self.listing(f"commits/gen-{generation:04d}/")}
-
     def stop(self) -> None:
         for rd in self.run_dirs.values():
             kill_run(rd)
-
-
-def indices(ranges: list[list[int]]) -> set[int]:
-    return {i for a, b in ranges for i in range(a, b)}
 
 
 def make_campaign(tmp_path: Path, name: str, ssh: SshServer, s3: S3Server,

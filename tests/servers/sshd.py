@@ -8,6 +8,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,3 +138,15 @@ def start_sshd(folder: Path) -> SshServer:
         folder=folder,
         proc=proc,
     )
+
+
+@contextmanager
+def running_sshd() -> Iterator[SshServer]:
+    """An sshd in a short temporary folder of its own (sshd and Unix sockets dislike long
+    paths), killed on the way out."""
+    with tempfile.TemporaryDirectory(prefix="fd-sshd-") as d:
+        server = start_sshd(Path(d))
+        try:
+            yield server
+        finally:
+            server.kill()
