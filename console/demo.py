@@ -29,7 +29,7 @@ from agents.rundir.spec import load_spec
 from agents.supervise.launch import RunCtlError, call, up
 from agents.supervise.procinfo import alive, kill_group
 from console.fleet import ConsoleSettings, Fleet, Node
-from console.localproc import free_ports
+from console.localproc import port_block
 from console.seaweed import S3Server, WeedMissing, start_s3
 
 GPUS = 7
@@ -76,25 +76,6 @@ exec {sys.executable} -m agents.sim --port "$port" --model-path Qwen3.6-27B-sim 
 """)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
-
-
-def port_block(n: int) -> int:
-    for _ in range(100):
-        base = free_ports(1)[0]
-        if base + n < 65000 and all(_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no block of free ports for the demo servers")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def write_spec(folder: Path, prompts: int, s3: S3Server | None) -> Path:

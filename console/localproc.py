@@ -51,6 +51,28 @@ def _ephemeral_start() -> int:
         return 32768  # Linux's default range starts here
 
 
+def port_block(n: int) -> int:
+    """A base port with n consecutive free ports after it (servers take base_port + i), below
+    the kernel's ephemeral range as free_ports' are."""
+    top = _ephemeral_start()
+    low = LOWEST_PORT if top - LOWEST_PORT > 50 * n else 1024
+    for _ in range(500):
+        base = _random.randint(low, max(low, top - n))
+        socks: list[socket.socket] = []
+        try:
+            for i in range(n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports below {top}")
+
+
 def free_ports(n: int) -> list[int]:
     """Return n distinct free TCP ports on 127.0.0.1 (all sockets held until all are chosen),
     drawn at random below the kernel's ephemeral range. A port the kernel hands out for

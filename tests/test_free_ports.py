@@ -31,3 +31,20 @@ def test_a_taken_port_is_never_handed_out() -> None:
     finally:
         for s in held:
             s.close()
+
+
+def test_a_block_of_ports_is_free_consecutive_and_below_the_ephemeral_range() -> None:
+    from console.localproc import port_block
+
+    for n in (1, 2, 8):
+        base = port_block(n)
+        assert base >= 10_000 and base + n <= _ephemeral_start()
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+        finally:
+            for s in socks:
+                s.close()

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,27 +17,9 @@ import pytest
 
 from agents.cli.inspect import status_bytes
 from agents.supervise.procinfo import alive
+from console.localproc import port_block
 from tests.engine.runs import write_prompts
 from tests.servers.ports import wait_until
-
-
-def port_block(n: int) -> int:
-    """A base port with n consecutive free ports after it (servers take base_port + i)."""
-    for _ in range(200):
-        base = random.randint(20000, 60000 - n)
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
 
 
 def agent(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
