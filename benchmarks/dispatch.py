@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,12 +87,20 @@ asyncio.run(main())
 '''
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """(CPU s of that process alone, wall s)."""
+def timed(cmd: list[str], env: dict[str, str] | None = None,
+          poll: Callable[[float, int], float] | None = None) -> tuple[float, float]:
+    """(CPU s of that process alone, wall s). `poll`, if given, is called with the seconds
+    since the start and the pid while the process runs, and returns how long to wait until
+    it is called again."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    pid = 0
+    while poll is not None and not pid:
+        time.sleep(poll(time.perf_counter() - t, proc.pid))
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if not pid:
+        _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
