@@ -218,8 +218,9 @@ def engine_run(run_dir: Path, spec: Path, n: int, watch: Watch, figures: Figures
     figures.idle_stall_ms = max(figures.idle_stall_ms, float(worst))
     figures.idle_over += int(over)
     snap = final_progress(run_dir)
-    done = snap["completed"]
-    assert done >= n, f"engine: {done} of {n} completed"
+    if snap["completed"] < n:
+        raise SystemExit(f"engine: {snap['completed']:,} of {n:,} completed, "
+                         f"{snap['failed']:,} failed")
     figures.add(cpu, wall, n, watch, count)
     # The figure at the end is the worst since start, whatever the polls caught.
     if snap["loop_lag_max_ms"] > figures.stall_ms:
@@ -230,6 +231,9 @@ def engine_run(run_dir: Path, spec: Path, n: int, watch: Watch, figures: Figures
               f"(sampled, {trace}):\n{summary(stalls, collections)}")
     for key in ("retried", "hedges", "deadline_misses", "busy_answers"):
         figures.notes[key] = figures.notes.get(key, 0) + (snap.get(key) or 0)
+    log = (run_dir / "logs" / "generate.log").read_text(errors="replace")
+    figures.notes["servers set aside"] = (figures.notes.get("servers set aside", 0)
+                                          + log.count(") set aside: "))
     return snap
 
 
@@ -244,7 +248,8 @@ def fresh(root: Path, label: str, urls: list[str], sims: list[SimHandle], per_ur
         cpu, wall = timed([sys.executable, "-c", AIOHTTP.replace(
             '"max_tokens": 256', f'"max_tokens": {max_tokens}'), json.dumps(
             [urls, str(prompts), str(out), per_url])], poll=watch)
-        assert completed(out) == n, f"aiohttp: {completed(out)} of {n} lines"
+        if completed(out) != n:
+            raise SystemExit(f"aiohttp: {completed(out):,} of {n:,} lines")
         figures["aiohttp"].add(cpu, wall, n, watch, count)
         out.unlink()
         (root / f"{label}-{r}").mkdir()
@@ -391,8 +396,17 @@ def main() -> None:
                       f"two sockets a request, and the open-files limit is {hard:,}")
             router = start_router(root, urls, health_interval_s=5)
             try:
-                figures = fresh(root, "router", [router.url], sims, through, prompts, n,
-                                args.rounds, args.max_tokens, router=True)
+                while True:
+                    try:
+                        figures = fresh(root, f"router{through}", [router.url], sims, through,
+                                        prompts, n, args.rounds, args.max_tokens, router=True)
+                        break
+                    except SystemExit as exc:  # a client failed (the naive one has no retry)
+                        if through // 2 < len(urls):
+                            raise
+                        print(f"through the router at {through:,} in flight: {exc}; trying "
+                              f"{through // 2:,}")
+                        through //= 2
             finally:
                 router.kill()
             print(f"through SGLang's router ({len(urls)} workers):")
