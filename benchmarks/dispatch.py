@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,18 +44,29 @@ def messages(line):
                                     for t in body["conversations"] if t["from"] == "human"]
 '''
 
+# Keep-alive under SGLang's (uvicorn's 5 s), as the engine's: with aiohttp's 15 s a connection
+# the server has just closed is taken again (thousands in flight, some idle for a while), and
+# such a send, which never reached the server, is sent again once (benchmarks/scale.py).
 AIOHTTP = COMMON + r'''
 import aiohttp
 async def main():
     sem = asyncio.Semaphore(conc * len(urls))
-    sessions = [aiohttp.ClientSession(u, connector=aiohttp.TCPConnector(limit=conc + 8),
-                                      timeout=aiohttp.ClientTimeout(total=600)) for u in urls]
+    sessions = [aiohttp.ClientSession(u, connector=aiohttp.TCPConnector(
+                    limit=conc + 8, keepalive_timeout=4),
+                    timeout=aiohttp.ClientTimeout(total=600)) for u in urls]
     f = open(out, "a")
     async def one(i, line):
         async with sem:
-            async with sessions[i % len(sessions)].post("/v1/chat/completions", json={
-                    "model": "default", "messages": messages(line), "max_tokens": 256}) as r:
-                d = await r.json()
+            for again in (True, False):
+                try:
+                    async with sessions[i % len(sessions)].post("/v1/chat/completions", json={
+                            "model": "default", "messages": messages(line),
+                            "max_tokens": 256}) as r:
+                        d = await r.json()
+                    break
+                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                    if not again:
+                        raise
             f.write(json.dumps({"index": i, "content": d["choices"][0]["message"]["content"],
                                 "usage": d["usage"]}) + "\n")
     with open(prompts) as p:
@@ -86,16 +98,25 @@ asyncio.run(main())
 '''
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """(CPU s of that process alone, wall s)."""
+def timed(cmd: list[str], env: dict[str, str] | None = None,
+          poll: Callable[[float, int], float] | None = None) -> tuple[float, float]:
+    """(CPU s of that process alone, wall s). `poll`, if given, is called with the seconds
+    since the start and the pid while the process runs, and returns how long to wait until
+    it is called again."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    pid = 0
+    while poll is not None and not pid:
+        time.sleep(poll(time.perf_counter() - t, proc.pid))
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if not pid:
+        _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])} exited {proc.returncode}")
+        shown = " ".join(c if len(c) < 80 else f"{c[:60]}..." for c in cmd[:4])
+        raise SystemExit(f"{shown} exited {proc.returncode}")
     return usage.ru_utime + usage.ru_stime, wall
 
 

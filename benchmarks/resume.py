@@ -24,10 +24,11 @@ N = 1_000_000
 BATCH = 500
 
 
-def build(root: Path, n: int = N) -> Path:
+def build(root: Path, n: int = N, total: int | None = None) -> Path:
+    """The run directory: `total` prompts (n unless given), the first n of them done."""
     prompts = root / "prompts.jsonl"
     with open(prompts, "w") as f:
-        for i in range(n):
+        for i in range(max(n, total or 0)):
             f.write(json.dumps({"messages": [{"role": "user", "content": f"question {i}"}]}) + "\n")
     spec = root / "run.toml"
     spec.write_text(textwrap.dedent(f"""\

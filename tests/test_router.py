@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from agents.engine.router import parse_workers
@@ -22,7 +20,7 @@ from agents.rpc.protocol import INVALID_PARAMS, RpcError
 from agents.supervise.launch import call
 from tests.engine.runs import read_run, write_prompts, write_spec
 from tests.plugins.supervised import agent, kill_run, wait_status
-from tests.servers.ports import free_ports, kill_pid, wait_until
+from tests.servers.router import Router, point_at_router, start_router
 from tests.simserver import SimHandle
 
 # Slow enough that a worker is killed with requests in flight, fast enough for the suite.
@@ -30,59 +28,24 @@ SIM_ARGS = ("--enable-metrics", "--time-scale", "0.15")
 PROMPTS = 240
 
 
-class Router:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        self.proc, self.url, self.log = proc, url, log
-
-    def workers(self) -> list[dict[str, Any]]:
-        workers: list[dict[str, Any]] = httpx.get(f"{self.url}/workers", timeout=60).json()[
-            "workers"]
-        return workers
-
-
 @pytest.fixture
 def router(tmp_path: Path) -> Iterator[Callable[[list[str]], Router]]:
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[Router] = []
 
     def start(worker_urls: list[str]) -> Router:
-        # Its Prometheus port defaults to 29000, which any other router on the machine holds.
-        port, prom = free_ports(2)
-        log = tmp_path / f"router-{port}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls",
-                 *worker_urls, "--host", "127.0.0.1", "--port", str(port),
-                 "--prometheus-port", str(prom), "--health-check-interval-secs", "1",
-                 "--log-level", "warn"],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=dict(os.environ, NO_COLOR="1"))
-        started.append(proc)
-        r = Router(proc, f"http://127.0.0.1:{port}", log)
-
-        def all_listed() -> bool:
-            try:
-                listed = r.workers()
-            except (httpx.HTTPError, ValueError, KeyError):
-                return False
-            return len(listed) == len(worker_urls) and all(w["is_healthy"] for w in listed)
-
-        wait_until(all_listed, 120, f"the router on {port} listing {len(worker_urls)} workers",
-                   proc, interval=0.1)
-        return r
+        started.append(start_router(tmp_path, worker_urls))
+        return started[-1]
 
     yield start
-    for proc in started:
-        kill_pid(proc)
+    for r in started:
+        r.kill()
 
 
 def router_spec(root: Path, url: str, n: int = PROMPTS, **generate: Any) -> Path:
     """A run spec with `[servers] urls = [url]` and `router = true`."""
     spec = write_spec(root / "run.toml", root / "prompts.jsonl", [url], **generate)
     write_prompts(root / "prompts.jsonl", n)
-    text = spec.read_text().replace(
-        "[servers]\n", "[servers]\nrouter = true\nhealth_interval_s = 0.3\n", 1)
-    spec.write_text(text)
-    return spec
+    return point_at_router(spec, "health_interval_s = 0.3")
 
 
 def worker_rows(snap: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -17,6 +17,19 @@ def test_dispatch() -> None:
     ratios(out, rf"ratio engine/aiohttp completions/s: {NUM}x")
 
 
+def test_scale() -> None:
+    # 500 in flight on two simulators (1 simulated s = 0.28 s: 1,000 answers/s together), a
+    # resume over 21,000 lines with 1,000 to do, and both clients through SGLang's router.
+    out = run_bench("scale.py", "--in-flight", "500", "--servers", "2", "--rate", "1000",
+                    "--prompts", "1000", "--resume-lines", "21000")
+    ratios(out, rf"ratio engine/aiohttp CPU per completion at 500 in flight: {NUM}x")
+    ratios(out, rf"ratio engine/aiohttp CPU per completion at 500 in flight through the "
+                rf"router: {NUM}x")
+    ratios(out, rf"worst loop stall: {NUM} ms \(target <= 50 ms\)", positive=False)
+    ratios(out, rf"resume over 21,000 lines: first request after {NUM} s, worst loop stall "
+                rf"{NUM} ms", count=2, positive=False)
+
+
 def test_tail() -> None:
     # 1 simulated s = 2 ms: today's hung request holds its run ~7 s of wall time.
     out = run_bench("tail.py", "--prompts", "100", "--servers", "2", "--max-tokens", "64",
