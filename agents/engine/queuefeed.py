@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetdeck.engine")
 
+# A feed yields to the loop this often: each new request may open a connection (~0.5 ms of
+# CPU), and 256 at a time held the loop for ~200 ms at 2,000 in flight.
+FEED_YIELD = 16
+
 
 class QueueFeed:
     """The engine's queue client: its parts are the engine's (store, dispatcher, offsets)."""
@@ -112,7 +116,7 @@ class QueueFeed:
                         await e.dispatcher.release(server)
                         continue
                     e._dispatch(index, raw, server, work.chunk.attempt)
-                    if pos % 256 == 0:
+                    if pos % FEED_YIELD == 0:
                         await asyncio.sleep(0)
             except StaleOffsets as exc:
                 await e._offsets_stale(exc)
