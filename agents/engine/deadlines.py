@@ -20,8 +20,8 @@ from agents.engine.serverload import ServerLoad
 WINDOW = 32  # answers per server that make its pace
 MIN_ANSWERS = 4  # fewer than this: the pace of the whole fleet, or SGLang's own figures
 LATENCIES_KEPT = 256
-# A request whose deadline is not known yet (no answer anywhere), with nothing to wake it,
-# looks again this often.
+# A copy asks for its deadline again this often (a timer callback); one whose deadline is not
+# known yet waits for `changed` instead, where it has one.
 RECHECK_S = 0.5
 # After /abort_request, how long the server's answer to the aborted request (finish_reason
 # abort) is waited for. A loaded real server took 2-4 s: it ends the request at its next step.
@@ -224,13 +224,12 @@ async def send_within(client: ServerClient, payload: dict[str, Any],
                       abort: Callable[[], Awaitable[bool]],
                       changed: Callable[[], asyncio.Future[None]] | None = None) -> Completion:
     """The chat request, given up when it runs past its deadline: DeadlineMiss. `deadline()`
-    is asked at the start, again when the deadline it gave comes (it may have grown: the
-    server's queue, a slower pace), and, while none is known, whenever `changed()` says a pace
-    may be (without `changed`, every RECHECK_S). The request runs in the caller's task and
-    the deadline is a timer beside it: nothing wakes until one of them ends (10,000 requests
-    in flight once meant 20,000 wake-ups a second). The deadline only ever grows: the pace of
-    the answers coming in rises as the batch in flight shrinks (at the tail), and a request
-    that ran its first part in the full batch is not late by the pace of the last ones.
+    is asked at the start and again every RECHECK_S on a timer beside the request (a callback,
+    not a task woken), and, while none is known, only when `changed()` says a pace may be
+    (without `changed`, every RECHECK_S). The request runs in the caller's task. The deadline
+    only ever grows: the pace of the answers coming in rises as the batch in flight shrinks (at
+    the tail), and a request that ran its first part in the full batch, or waited in a long
+    queue, is not late by the pace and queue of the moment.
 
     At the deadline `abort()` asks the server to let the request go (True when it took the
     request), and the server's own answer to it, finish_reason abort, is waited for up to
@@ -300,7 +299,12 @@ class _Watch:
         if self.fixed is not None:
             left = self.start + self.fixed.seconds - time.monotonic()
             if left > 0:
-                self.timer = self.loop.call_later(left, self.arm)
+                # Asked again every RECHECK_S (a timer callback, not a task's wake-up): the
+                # deadline keeps the longest seen, and a server's queue (its waits) comes and
+                # goes while a copy waits in it. Asked only when it came, or every eighth of it,
+                # deadlines missed the queue that had been: the real server short of KV room
+                # gave up 120, then 54 copies (tests/real/test_kv_pressure.py), none so.
+                self.timer = self.loop.call_later(min(left, RECHECK_S), self.arm)
                 return
             self.waited = time.monotonic() - self.start
             self.message = f"no answer after {self.waited:.1f} s ({self.fixed.why(self.factor)})"
