@@ -1,5 +1,6 @@
-"""One SGLang server as the engine sees it: its connection pool (aiohttp: the client SGLang's
-own `bench_serving` uses; httpx cost ten times its CPU per request, benchmarks/dispatch.py),
+"""One SGLang server as the engine sees it: its connection pool (agents/engine/http.py: a lean
+HTTP/1.1 client; aiohttp, the client SGLang's own `bench_serving` uses, cost more CPU per
+request than the rest of the engine, httpx ten times that: benchmarks/dispatch.py),
 the chat request, and the response parsed into batch line fields, with failures sorted into
 error classes."""
 
@@ -9,10 +10,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import msgspec
 
+from agents.engine.http import (
+    KEEPALIVE_S,
+    MAX_RESPONSE_BYTES,
+    ConnectFailed,
+    Pool,
+    ResponseTooLarge,
+    TransportError,
+)
 from agents.engine.prompts import Prompt
+
+__all__ = ["KEEPALIVE_S", "MAX_RESPONSE_BYTES", "ResponseTooLarge"]
 
 
 class RequestFailed(Exception):
@@ -58,20 +68,12 @@ class Completion:
     latency_s: float
 
 
-# The most a response body may hold: a chat completion of the largest max_tokens is well under
-# a megabyte; a server (or something in front of one) sending more is broken, and the engine's
-# memory is not its to fill.
-MAX_RESPONSE_BYTES = 32 << 20
-# Idle pooled connections are dropped before the server drops them: uvicorn (SGLang's HTTP
-# server) closes an idle keep-alive connection after 5 s, and a request written onto a
-# connection the server is closing fails as a transport error that sets servers aside.
-KEEPALIVE_S = 4.0
 JSON = {"Content-Type": "application/json"}
 
 
 class ServerClient:
-    """One server's pooled HTTP connections. The session is made on first use, inside the
-    running loop (aiohttp binds it there); `aclose` ends it."""
+    """One server's pooled HTTP connections (agents/engine/http.py). The pool is made on first
+    use, inside the running loop; `aclose` ends it."""
 
     def __init__(self, url: str, max_connections: int, connect_timeout: float,
                  read_timeout: float, api_key: str | None) -> None:
@@ -80,58 +82,49 @@ class ServerClient:
         self._limit = max_connections + 8
         self._connect_timeout = connect_timeout
         self._read_timeout = read_timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: Pool | None = None
         self._closed = False
+        # The request line and headers of the chat request, the same for every one but its
+        # length: built once.
+        self._chat_head: tuple[bytes, bytes] | None = None
 
-    def _timeout(self, seconds: float | None) -> aiohttp.ClientTimeout:
-        # Like httpx's: a connect limit, and a read limit between bytes (SGLang sends a
-        # non-streamed answer's bytes only when it is done, so the read limit is the answer's).
-        read = self._read_timeout if seconds is None else seconds
-        return aiohttp.ClientTimeout(total=None, sock_connect=min(self._connect_timeout, read),
-                                     sock_read=read)
-
-    def session(self) -> aiohttp.ClientSession:
+    def pool(self) -> Pool:
         if self._closed:
             raise RuntimeError("the client is closed")
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._limit, limit_per_host=0,
-                                             keepalive_timeout=KEEPALIVE_S, ttl_dns_cache=None)
-            self._session = aiohttp.ClientSession(
-                connector=connector, headers=self._headers, timeout=self._timeout(None),
-                cookie_jar=aiohttp.DummyCookieJar(), raise_for_status=False)
-        return self._session
+        if self._pool is None:
+            self._pool = Pool(self.url, self._limit, self._connect_timeout)
+        return self._pool
 
     async def request(self, method: str, path: str, body: bytes | None = None,
                       headers: dict[str, str] | None = None,
                       timeout: float | None = None) -> tuple[int, bytes]:
-        """(status, body), the body at most MAX_RESPONSE_BYTES; raises aiohttp.ClientError,
-        TimeoutError, ResponseTooLarge. A body is JSON unless `headers` say otherwise."""
-        if body is not None and headers is None:
-            headers = JSON
-        async with self.session().request(method, self.url + path, data=body, headers=headers,
-                                          timeout=self._timeout(timeout)) as resp:
-            size = resp.content_length
-            if size is not None and size > MAX_RESPONSE_BYTES:
-                raise ResponseTooLarge(f"{size:,} bytes announced")
-            if size is not None:
-                return resp.status, await resp.read()
-            parts, got = [], 0
-            async for part in resp.content.iter_any():
-                got += len(part)
-                if got > MAX_RESPONSE_BYTES:
-                    raise ResponseTooLarge(f"over {MAX_RESPONSE_BYTES:,} bytes")
-                parts.append(part)
-            return resp.status, b"".join(parts)
+        """(status, body), the body at most MAX_RESPONSE_BYTES; raises TransportError (and
+        its ConnectFailed, ResponseTooLarge), TimeoutError. A body is JSON unless `headers`
+        say otherwise; a read limit between bytes of `timeout` or the client's."""
+        pool = self.pool()
+        read = self._read_timeout if timeout is None else timeout
+        if method == "POST" and path == CHAT and headers is None and body is not None:
+            if self._chat_head is None:
+                head = pool.head(method, path, {**self._headers, **JSON}, 0)
+                cut = head.rindex(b"Content-Length: ") + len(b"Content-Length: ")
+                self._chat_head = (head[:cut], b"\r\n\r\n")
+            start, end = self._chat_head
+            request = b"%s%d%s%s" % (start, len(body), end, body)
+        else:
+            if body is not None and headers is None:
+                headers = JSON
+            request = pool.head(method, path, {**self._headers, **(headers or {})},
+                                len(body) if body is not None else None) + (body or b"")
+        return await pool.request(request, read, min(self._connect_timeout, read))
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            await self._pool.aclose()
+            self._pool = None
 
 
-class ResponseTooLarge(Exception):
-    pass
+CHAT = "/v1/chat/completions"
 
 
 def make_client(url: str, max_connections: int, connect_timeout: float, read_timeout: float,
@@ -249,18 +242,17 @@ def _completion(obj: Any, latency_s: float) -> Completion:
 async def chat(client: ServerClient, payload: dict[str, Any]) -> Completion:
     start = time.monotonic()
     try:
-        status, body = await client.request("POST", "/v1/chat/completions",
-                                            msgspec.json.encode(payload), JSON)
-    except aiohttp.ClientConnectorError as exc:
+        status, body = await client.request("POST", CHAT, msgspec.json.encode(payload))
+    except ConnectFailed as exc:
         raise RequestFailed("connect", str(exc) or "connection refused", True, True) from None
-    except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
-        raise RequestFailed("timeout", f"{type(exc).__name__} after "
+    except TimeoutError as exc:
+        raise RequestFailed("timeout", f"{exc or type(exc).__name__} after "
                             f"{time.monotonic() - start:.1f} s", True, True) from None
-    except aiohttp.ClientError as exc:
-        raise RequestFailed("transport", f"{type(exc).__name__}: {exc}", True, True) from None
     except ResponseTooLarge as exc:
         raise RequestFailed("bad_response", f"the response is too large: {exc}",
                             True, True) from None
+    except TransportError as exc:
+        raise RequestFailed("transport", str(exc), True, True) from None
     return parse_response(status, body, time.monotonic() - start)
 
 
@@ -276,7 +268,7 @@ async def abort(client: ServerClient, rid: str, admin_api_key: str | None,
     try:
         status, _ = await client.request("POST", "/abort_request",
                                          msgspec.json.encode({"rid": rid}), headers, timeout)
-    except (aiohttp.ClientError, TimeoutError, ResponseTooLarge, RuntimeError):
+    except (TransportError, TimeoutError, RuntimeError):
         return None  # RuntimeError: the client closed (the engine ends)
     return status
 
@@ -285,7 +277,7 @@ async def probe(client: ServerClient, timeout: float) -> bool:
     """A server answers again when /health says 200."""
     try:
         status, _ = await client.request("GET", "/health", timeout=timeout)
-    except (aiohttp.ClientError, TimeoutError, ResponseTooLarge, RuntimeError):
+    except (TransportError, TimeoutError, RuntimeError):
         return False
     return status == 200
 
@@ -294,7 +286,7 @@ async def get_json(client: ServerClient, path: str, timeout: float) -> Any:
     """A GET's JSON body; None when it cannot be had (no answer, not 200, not JSON)."""
     try:
         status, body = await client.request("GET", path, timeout=timeout)
-    except (aiohttp.ClientError, TimeoutError, ResponseTooLarge, RuntimeError):
+    except (TransportError, TimeoutError, RuntimeError):
         return None
     if status != 200:
         return None

@@ -137,3 +137,109 @@ async def test_nothing_listening_is_a_connect_failure() -> None:
         assert not await probe(client, 1.0)
     finally:
         await client.aclose()
+
+
+def _answer(body: bytes, *extra: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\n" + b"".join(h + b"\r\n" for h in extra)
+            + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+async def test_one_connection_carries_request_after_request(wire: Wire) -> None:
+    connections = requests = 0
+
+    async def keep(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal connections, requests
+        connections += 1
+        while True:
+            requests += 1
+            w.write(_answer(OK))
+            await w.drain()
+            await _request(r)  # the next one on this connection, until the client closes
+
+    client = make_client(await wire.serve(keep), 4, 2.0, 30.0, None)
+    try:
+        for _ in range(5):
+            assert (await chat(client, BODY)).content == "x"
+    finally:
+        await client.aclose()
+    assert (connections, requests) == (1, 5)
+
+
+async def test_a_request_on_a_pooled_connection_the_server_closed_is_sent_again(
+        wire: Wire) -> None:
+    """uvicorn drops an idle keep-alive connection: a request written onto it as it closes
+    never reached the server, and goes again on a new connection (not a server fault)."""
+    connections = answered = 0
+
+    async def drop_second(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal connections, answered
+        connections += 1
+        answered += 1
+        w.write(_answer(OK))
+        await w.drain()
+        if connections == 1:
+            await _request(r)  # read the second request, then close without a byte
+
+    client = make_client(await wire.serve(drop_second), 4, 2.0, 30.0, None)
+    try:
+        assert (await chat(client, BODY)).content == "x"
+        assert (await chat(client, BODY)).content == "x"
+    finally:
+        await client.aclose()
+    assert (connections, answered) == (2, 2)
+
+
+async def test_a_new_connection_closed_before_its_answer_is_not_sent_again(
+        wire: Wire) -> None:
+    connections = 0
+
+    async def hang_up(_: asyncio.StreamReader, __: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+
+    err = await _fails(await wire.serve(hang_up))
+    assert err.error == "transport" and "before its answer" in err.message
+    assert connections == 1  # the server may have read it: never sent twice
+
+
+@pytest.mark.parametrize("shape", ["chunked", "to-close", "interim", "large"])
+async def test_every_body_shape_a_server_or_proxy_sends_parses(wire: Wire, shape: str) -> None:
+    big = b'{"pad":"' + b"p" * (8 << 20) + b'",' + OK[1:]  # 8 MiB, in many reads
+
+    async def send(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if shape == "chunked":
+            w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for i in range(0, len(OK), 7):
+                w.write(f"{len(OK[i:i + 7]):x};ext=1\r\n".encode() + OK[i:i + 7] + b"\r\n")
+                await w.drain()
+            w.write(b"0\r\nX-Trailer: t\r\n\r\n")
+        elif shape == "to-close":
+            w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + OK)
+        elif shape == "interim":
+            w.write(b"HTTP/1.1 100 Continue\r\n\r\n" + _answer(OK))
+        else:
+            w.write(_answer(big))
+        await w.drain()
+
+    client = make_client(await wire.serve(send), 4, 2.0, 30.0, None)
+    try:
+        got = await chat(client, BODY)
+        assert got.content == "x" and got.completion_tokens == 1
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.1 200 OK\r\nContent-Length: 12x\r\n\r\n",
+                                  b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nX: " + b"h" * (128 << 10)])
+async def test_an_answer_that_is_not_http_we_read_is_a_transport_failure(
+        wire: Wire, head: bytes) -> None:
+    async def odd(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(head)
+        await w.drain()
+        await r.read()  # hold the connection open: the client must not wait for a close
+
+    err = await _fails(await wire.serve(odd), read_timeout=20)
+    assert err.error == "transport", err.message
