@@ -13,12 +13,16 @@ batches of files to OpenSSH's sftp processes and checks each as sftp passes it.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import asyncssh
 
@@ -31,8 +35,10 @@ from console.sanitize import shown
 
 PARALLEL_FILES = 4
 PART_SUFFIX = ".fdpart"
-# How often the OpenSSH path looks at the parts' sizes: sftp in batch mode reports no progress.
-PROGRESS_POLL_S = 0.5
+# How often the OpenSSH path looks at the parts' sizes: sftp in batch mode reports no progress;
+# each look also hashes what arrived in the parts of files of at least EARLY_MIN bytes.
+PROGRESS_POLL_S = 0.25
+EARLY_MIN = 4 * 1024 * 1024
 # Preferred ciphers for bulk copies: AES-GCM runs on the CPU's AES instructions.
 PULL_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
                 "chacha20-poly1305@openssh.com"]
@@ -103,14 +109,21 @@ def local_path(dest: Path, path: str) -> tuple[str, Path]:
     return rel, confined(dest, rel)  # again, now that the folders are there
 
 
-def finish_part(part: Path, final: Path, size: int, sha256: str | None) -> bool:
+def finish_part(part: Path, final: Path, size: int, sha256: str | None,
+                early: Hashed | None = None) -> bool:
     """Check a downloaded part and on a match make it the file, durably (fsynced, renamed,
     its folder fsynced); a mismatch deletes it. A log still growing on the node comes longer
-    than the manifest, whose sha256 is of its first `size` bytes: the rest is cut off."""
+    than the manifest, whose sha256 is of its first `size` bytes: the rest is cut off.
+    `early`: what was hashed while the part arrived; only the rest is read now. Its bytes
+    were read as sftp wrote them, so where it does not match (a hole sftp filled later) the
+    whole part is hashed again before it is refused."""
     with open(part, "r+b") as f:
         if os.fstat(f.fileno()).st_size > size:
             f.truncate(size)
-        ok = hashlib.file_digest(f, "sha256").hexdigest() == sha256
+        ok = early is not None and early.finish(f, size) == sha256
+        if not ok:
+            f.seek(0)
+            ok = hashlib.file_digest(f, "sha256").hexdigest() == sha256
         if ok:
             os.fsync(f.fileno())
     if not ok:
@@ -118,6 +131,66 @@ def finish_part(part: Path, final: Path, size: int, sha256: str | None) -> bool:
         return False
     replace_durably(part, final)
     return True
+
+
+class Hashed:
+    """A part's sha256 taken while sftp writes it: each look hashes what arrived since the
+    last (from the page cache, just written) and starts its write-back, so the check at the
+    end reads only the tail and the fsync finds little left to write."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.upto = 0
+
+    def more(self, path: Path, limit: int) -> None:
+        """Hash from `upto` to the part's size now (at most `limit`). In a thread."""
+        try:
+            with open(path, "rb") as f:
+                end = min(os.fstat(f.fileno()).st_size, limit)
+                if end - self.upto < EARLY_MIN:
+                    return
+                start = self.upto
+                self._read(f, end)
+                _start_writeback(f.fileno(), start, end - start)
+        except OSError:
+            return  # the part is gone or moved: the check at the end decides
+
+    def finish(self, f: BinaryIO, size: int) -> str | None:
+        if self.upto > size:
+            return None
+        self._read(f, size)
+        return self.h.hexdigest()
+
+    def _read(self, f: BinaryIO, end: int) -> None:
+        f.seek(self.upto)
+        while self.upto < end:
+            chunk = f.read(min(CHUNK, end - self.upto))
+            if not chunk:
+                break
+            self.h.update(chunk)
+            self.upto += len(chunk)
+
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range() if sys.platform.startswith("linux") else None
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing these pages to disk now, without waiting (Linux's
+    sync_file_range): the fsync at the end then waits for little. Not a durability step."""
+    if _SYNC_FILE_RANGE is not None and length > 0:
+        _SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
 def _size(path: Path) -> int:
@@ -137,6 +210,8 @@ class _Part:
     part: Path
     seen: int  # the part's size when last looked at
     second: bool = False  # this is the fetch after a mismatch
+    early: Hashed | None = None  # hashed while it arrives (files of EARLY_MIN bytes or more)
+    hashing: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Puller:
@@ -336,8 +411,9 @@ class OpensshPuller(Puller):
             self._settled(p.rel, failed=said or f"sftp stopped at {p.seen} of {e.size} bytes")
             return
         try:
-            async with limit:
-                ok = await asyncio.to_thread(finish_part, p.part, p.final, e.size, e.sha256)
+            async with p.hashing, limit:
+                ok = await asyncio.to_thread(finish_part, p.part, p.final, e.size, e.sha256,
+                                             p.early)
         except OSError as exc:
             self._settled(p.rel, failed=f"{type(exc).__name__}: {exc}")
             return
@@ -347,6 +423,7 @@ class OpensshPuller(Puller):
         elif not p.second:
             p.second = True
             p.seen = 0
+            p.early = None
             self.progress.bytes_done -= e.size
             mismatched.append(p)
         else:
@@ -368,15 +445,27 @@ class OpensshPuller(Puller):
             self.on_progress(self.progress)
 
     async def _poll(self, source: OpensshSource) -> None:
-        """sftp in batch mode says nothing while it copies: look at the parts' sizes."""
+        """sftp in batch mode says nothing while it copies: look at the parts' sizes, and
+        hash what arrived in big ones meanwhile."""
         while True:
             await asyncio.sleep(PROGRESS_POLL_S)
+            hashing = []
             for job in list(source.fetcher.in_flight):
                 p = self._parts.get(job.rel)
                 if p is not None:
                     self._saw(p, _size(p.part))
+                    if p.entry.size >= EARLY_MIN and not p.hashing.locked():
+                        hashing.append(self._hash_more(p))
             if self.on_progress is not None:
                 self.on_progress(self.progress)
+            await asyncio.gather(*hashing)
+
+    @staticmethod
+    async def _hash_more(p: _Part) -> None:
+        async with p.hashing:
+            if p.early is None:
+                p.early = Hashed()
+            await asyncio.to_thread(p.early.more, p.part, p.entry.size)
 
 
 def puller_for(source: Source, dest: Path,
