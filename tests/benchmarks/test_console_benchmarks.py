@@ -21,4 +21,4 @@ def test_pull(engine: str) -> None:
     out = run_bench("pull.py", "--big", "1", "--big-mb", "2", "--small", "20", "--runs", "1",
                     "--engine", engine)
     assert f"fleetdeck pull ({engine}: " in out, out
-    ratios(out, rf"ratio pull/(?:scp|scp-gcm|rsync): {NUM}x throughput", count=3)
+    ratios(out, rf"ratio pull/(?:scp|scp-gcm|rsync|rsync-fsync): {NUM}x throughput", count=4)

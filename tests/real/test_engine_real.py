@@ -197,8 +197,11 @@ class _Burst:
         self._thread.start()
 
     def abort(self, rids: list[str] | None = None) -> list[dict[str, Any]]:
-        """Abort `rids` (all by default) and wait for every answer."""
-        for rid in self.rids if rids is None else rids:
+        """Abort `rids` (all by default, the last sent first) and wait for every answer. The
+        last sent are the queued ones: aborted before any running one frees its KV room, they
+        are never admitted; in sending order, each running abort let queued ones in, and on a
+        loaded box every one of them had made tokens before its own abort came (ci)."""
+        for rid in reversed(self.rids) if rids is None else rids:
             r = httpx.post(f"{self.url}/abort_request", json={"rid": rid}, timeout=30)
             assert r.status_code == 200 and r.content == b""
         self._thread.join(timeout=120)
