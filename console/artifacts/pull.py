@@ -193,6 +193,26 @@ def _start_writeback(fd: int, offset: int, length: int) -> None:
         _SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
+def _look_here(dest: Path, entries: list[ManifestEntry]
+               ) -> list[tuple[str, Path, str | None, int] | PullError]:
+    """For each entry: where it goes (its folder made), the sha256 of a whole copy already
+    there, and the size of its part (an empty file's part made: nothing to fetch, and the
+    manifest's sha256 is that of no bytes); or why it is refused. In a thread."""
+    out: list[tuple[str, Path, str | None, int] | PullError] = []
+    for e in entries:
+        try:
+            rel, final = local_path(dest, e.path)
+        except PullError as exc:
+            out.append(exc)
+            continue
+        here = local_sha256(final, e.size)
+        part = final.with_name(final.name + PART_SUFFIX)
+        if here != e.sha256 and e.size == 0:
+            part.touch()
+        out.append((rel, final, here, _size(part)))
+    return out
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -335,31 +355,30 @@ class OpensshPuller(Puller):
                        limit: asyncio.Semaphore) -> None:
         todo: list[_Part] = []
         ready: list[_Part] = []
-
-        async def prepare(e: ManifestEntry) -> None:
-            try:
-                rel, final = local_path(self.dest, e.path)
-            except PullError as exc:
-                self._settled(e.path, failed=str(exc))
-                return
-            async with limit:
-                here = await asyncio.to_thread(local_sha256, final, e.size)
+        # Where each file goes and what of it is here, in PARALLEL_FILES threads (copies
+        # already whole are hashed): a thread hop per file cost more than the looks
+        # themselves (a pull of 1,000 small files waited 0.2-0.3 s before its first byte).
+        shares = [entries[i::PARALLEL_FILES] for i in range(PARALLEL_FILES)]
+        looked = await asyncio.gather(*(asyncio.to_thread(_look_here, self.dest, share)
+                                        for share in shares if share))
+        found_all = [looked[i % PARALLEL_FILES][i // PARALLEL_FILES]
+                     for i in range(len(entries))]
+        for e, found in zip(entries, found_all, strict=True):
+            if isinstance(found, PullError):
+                self._settled(e.path, failed=str(found))
+                continue
+            rel, final, here, have = found
             if here == e.sha256:
                 self.report.skipped.append(rel)
                 self.progress.bytes_done += e.size
                 self._settled(rel)
-                return
-            part = final.with_name(final.name + PART_SUFFIX)
-            if e.size == 0:
-                part.touch()  # nothing to fetch: the manifest's sha256 is that of no bytes
-            have = _size(part)
+                continue
             if have:
                 self.report.resumed[rel] = min(have, e.size)
                 self.progress.bytes_done += min(have, e.size)
+            part = final.with_name(final.name + PART_SUFFIX)
             # A part as long as the file needs no fetch (a pull stopped before its check).
             (ready if have >= e.size else todo).append(_Part(e, rel, final, part, have))
-
-        await asyncio.gather(*(prepare(e) for e in entries))
         poller = asyncio.create_task(self._poll(source))
         try:
             again = await self._round(source, todo, ready, limit)
