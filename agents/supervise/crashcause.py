@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents.rundir.schema import EXIT_CAUSES
+from agents.supervise.sglang_log import LAUNCH_MARKER
 
-# The launch marker the supervisor writes before each start (servers.py launch).
-LAUNCH_MARKER = b"\n# fleetdeck: launching at "
+# The line the supervisor writes before each start (servers.py launch), as a search finds it.
+_MARKER = b"\n" + LAUNCH_MARKER.encode()
 # Enough for SGLang's whole argparse usage (38 KB in 0.5.23) with its error line, or a few
 # ranks' tracebacks; the cause is near the end.
 TAIL_BYTES = 64 * 1024
@@ -118,7 +119,7 @@ def read_tail(log: Path) -> str:
             data = fh.read(TAIL_BYTES)
     except OSError:
         return ""
-    at = data.rfind(LAUNCH_MARKER)
+    at = data.rfind(_MARKER)
     if at >= 0:
         data = data[data.index(b"\n", at + 1) + 1:] if b"\n" in data[at + 1:] else b""
     return data.decode(errors="replace")

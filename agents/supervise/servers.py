@@ -34,7 +34,7 @@ from agents.rundir.gpugroups import label, visible_devices
 from agents.rundir.secrets import secret_env_names
 from agents.rundir.spec import RunSpec
 from agents.rundir.template import render
-from agents.supervise.crashcause import LAUNCH_MARKER, CrashCause, classify, read_tail
+from agents.supervise.crashcause import CrashCause, classify, read_tail
 from agents.supervise.procinfo import (
     group_is_ours,
     group_members,
@@ -43,7 +43,7 @@ from agents.supervise.procinfo import (
     start_time,
 )
 from agents.supervise.retractions import Retractions
-from agents.supervise.sglang_log import LogTail
+from agents.supervise.sglang_log import LAUNCH_MARKER, LogTail
 from agents.supervise.sglang_metrics import (
     MetricsReading,
     ServerFigures,
@@ -243,7 +243,8 @@ class ServerSet:
         script.write_text("\n".join(lines) + "\n")
         script.chmod(0o755)
         with open(self.log_path(server), "ab") as out:
-            out.write(LAUNCH_MARKER + f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            out.write(f"\n{LAUNCH_MARKER} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                      .encode())
             out.flush()
             proc = subprocess.Popen(["/bin/sh", str(script)], stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from agents.rundir.schema import EXIT_CAUSES
-from agents.supervise.crashcause import KINDS, LAUNCH_MARKER, classify, read_tail
+from agents.supervise.crashcause import KINDS, classify, read_tail
+from agents.supervise.sglang_log import LAUNCH_MARKER
 
 TAILS = Path(__file__).resolve().parents[1] / "fixtures" / "crash_tails"
 EXPECTED = json.loads((TAILS / "expected.json").read_text())
@@ -45,11 +46,12 @@ def test_only_the_latest_start_is_read(tmp_path: Path) -> None:
     log = tmp_path / "sglang_gpu0.log"
     oom = (TAILS / "rendered_sglang-0.5.23_cuda_oom_at_load.log").read_bytes()
     argv = (TAILS / "sglang-0.5.23_unknown_argument.log").read_bytes()
-    log.write_bytes(LAUNCH_MARKER + b"2026-12-06 03:12:40\n" + oom
-                    + LAUNCH_MARKER + b"2026-12-06 03:13:10\n" + argv)
+    marker = f"\n{LAUNCH_MARKER} at ".encode()  # as servers.py writes it
+    log.write_bytes(marker + b"2026-12-06 03:12:40\n" + oom
+                    + marker + b"2026-12-06 03:13:10\n" + argv)
     cause = classify(read_tail(log))
     assert cause is not None and cause.kind == "unknown_argument"
-    log.write_bytes(log.read_bytes() + LAUNCH_MARKER + b"2026-12-06 03:14:00\n")
+    log.write_bytes(log.read_bytes() + marker + b"2026-12-06 03:14:00\n")
     assert classify(read_tail(log)) is None  # the newest start has said nothing yet
     assert read_tail(tmp_path / "never_written.log") == ""
 
