@@ -13,6 +13,7 @@ from console.headless import server_line
 from console.tui.app import FleetdeckApp
 from console.tui.widgets.gpu_table import exit_cause
 from tests.console import data as d
+from tests.console.conftest import until
 from tests.console.screen import screen_text
 from tests.console.test_gpu_groups_tui import SIZE, fleet, gpu_rows, opened
 
@@ -47,6 +48,15 @@ async def test_the_rows_say_why_and_the_panel_gives_the_line() -> None:
         assert "torch.OutOfMemoryError: CUDA out of memory" in text, text
         assert "\x1b" not in text and "\x07" not in text
         assert "--enable-metrcs\\x1b]0;pwned\\x07" in text, text
+        # Started again: the last exit's cause no longer names the state (the panel keeps it).
+        again = crashing()
+        again["servers"][0]["state"] = "starting"
+        again["updated_at"] = d.NOW + 1
+        app.ingest("gen-1", again)
+        app.redraw()
+        await until(pilot, lambda: gpu_rows(app)[0].split()[:2] == ["0", "starting"], 60,
+                    "server 0 starting")
+        assert gpu_rows(app)[0].split()[2] == "3", gpu_rows(app)[0]  # then its restarts
 
 
 def test_the_status_lines_give_the_cause_of_a_server_not_up() -> None:

@@ -81,8 +81,10 @@ def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool,
     if s.restarts_stopped:
         state = f"gave up: {exit_cause(s)}"
         tone = "bad"
-    elif s.exit_cause and s.state in ("down", "restarting", "starting"):
-        state += f": {exit_cause(s)}"  # why its process exited (the whole line: latest errors)
+    elif s.exit_cause and s.state in ("down", "restarting"):
+        # Why its process exited (the whole line: the run panel's latest errors). Not while
+        # it starts again: `starting: out of memory` would read as this start's.
+        state += f": {exit_cause(s)}"
     if s.retracted_recent:
         # Its KV pool is full: requests go back to its queue and start again (kv_pressure).
         state += f", {s.retracted_recent} retracted"
