@@ -401,7 +401,10 @@ class ServerSet:
         if server.next_restart_at is None:
             at_startup = server.state == "starting"
             code = server.proc.returncode if server.proc is not None else None
+            pid = server.pid
             cause = classify(await asyncio.to_thread(read_tail, self.log_path(server)))
+            if self.stopping or server.state == "stopped" or server.pid != pid:
+                return  # stopped, or relaunched (restart-server), while the log was read
             server.cause = cause
             server.last_error = f"process {server.pid} exited" + (
                 f" with {code}" if code is not None else "") + (
