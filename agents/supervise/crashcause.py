@@ -23,6 +23,7 @@ _MARKER = b"\n" + LAUNCH_MARKER.encode()
 # ranks' tracebacks; the cause is near the end.
 TAIL_BYTES = 64 * 1024
 LINE_CHARS = 400
+EXCEPTION_LINES = 200
 
 _FIX_COMMAND = ("fix [servers] command in run.toml, then down and up (restart-server reuses "
                 "the command the supervisor started with)")
@@ -102,7 +103,9 @@ def classify(tail: str) -> CrashCause | None:
         for line in reversed(lines):
             if pattern.search(line):
                 return CrashCause(kind, _clean(line))
-    for line in reversed(lines):
+    # Any exception only near the end: one a long-running server logged hours before it was
+    # killed (SIGKILL prints nothing) is not why it exited.
+    for line in reversed(lines[-EXCEPTION_LINES:]):
         if _EXCEPTION.match(_PREFIX.sub("", line)) and not any(w in line for w in _WRAPPERS):
             return CrashCause("exception", _clean(line))
     return None

@@ -83,6 +83,18 @@ def test_what_is_not_a_crash_cause() -> None:
     assert cause is not None and cause.line == "KeyError: 'rope_scaling'"
 
 
+def test_an_old_exception_is_not_why_a_long_running_server_died() -> None:
+    """A traceback logged while serving, then hours of batch lines, then a SIGKILL (which
+    prints nothing): no cause, rather than a wrong one."""
+    decode = ("[2026-12-06 01:00:00] Decode batch, #running-req: 40, #token: 81234, token "
+              "usage: 0.41, cuda graph: True, gen throughput (token/s): 2210.51, "
+              "#queue-req: 0\n")
+    tail = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+            "ValueError: a request's own error\n")
+    assert classify(tail + decode * 199) is not None
+    assert classify(tail + decode * 200) is None
+
+
 def test_a_long_line_is_cut_and_the_prefix_dropped() -> None:
     cause = classify("[2026-12-06 03:12:53 TP3] ValueError: " + "x" * 5000 + "\n")
     assert cause is not None and cause.kind == "exception"
