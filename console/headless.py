@@ -127,7 +127,7 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
 def server_line(s: ServerStatus) -> str:
     """One server as SGLang reports it (running, queue, generation throughput, KV usage and
     pool, requests it retracted recently, accept length): `–` for what it does not give,
-    never 0."""
+    never 0. A server not up says below why its process exited, when its log said."""
     def fig(value: float | None, fmt: str) -> str:
         return DASH if value is None else format(value, fmt)
 
@@ -143,9 +143,12 @@ def server_line(s: ServerStatus) -> str:
         retracted = f", {s.retracted_recent} retracted recently"
         if s.retracted_total is not None:
             retracted += f" ({s.retracted_total} since it started)"
-    return (f"  server {s.number}{on} {shown(s.state)}: running {fig(s.running_reqs, 'd')}, "
+    line = (f"  server {s.number}{on} {shown(s.state)}: running {fig(s.running_reqs, 'd')}, "
             f"queue {fig(s.queued_reqs, 'd')}, {fig(s.gen_throughput, ',.0f')} tok/s, "
             f"KV {kv}{retracted}, accept {fig(accept, '.2f')}")
+    if s.last_error and (s.exit_cause or s.restarts_stopped) and s.state != "healthy":
+        line += f"\n    {shown(s.last_error)}"  # why it exited, and whether it comes back
+    return line
 
 
 def _alerting(entries: list[NodeStatus]) -> bool:

@@ -395,6 +395,15 @@ GpuGroup = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]],
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
+# Why a server's process exited, as agents/supervise/crashcause.py reads it from its log: the
+# kinds it sends and what each is called. A newer agent may send a kind not listed here.
+EXIT_CAUSES: dict[str, str] = {
+    "out_of_memory": "out of memory", "unknown_argument": "unknown argument",
+    "bad_argument": "bad argument", "missing_model": "missing model",
+    "model_unreachable": "model unreachable", "port_in_use": "port in use",
+    "exception": "exception"}
+
+
 class ServerStatus(msgspec.Struct):
     number: int
     url: str
@@ -431,6 +440,11 @@ class ServerStatus(msgspec.Struct):
     accept_length_window: float | None = None  # /metrics sglang:spec_accept_length
     accept_length_log: float | None = None  # the decode log line, a fallback
     last_error: str | None = None
+    # Why its process last exited (an EXIT_CAUSES key), until it is healthy again; the log
+    # line that says so is in last_error. restarts_stopped: why the supervisor stopped restarting
+    # it (the same deterministic cause twice in a row at start-up); restart-server clears it.
+    exit_cause: str | None = None
+    restarts_stopped: str | None = None
     health_checked_at: float | None = None
     metrics_at: float | None = None
     # NVML figures of the server's GPUs together: memory and power summed, utilisation the

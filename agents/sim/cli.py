@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from agents.sim import logs
@@ -133,6 +134,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
                         help="exit(1) when generation request N+1 arrives")
     faults.add_argument("--crash-after-seconds", type=float, default=None, metavar="T",
                         help="exit(1) T simulated seconds after start")
+    faults.add_argument("--fail-start", default=None, metavar="FILE",
+                        help="die while loading: print FILE (a recorded log tail: out of "
+                             "memory, a missing model...) as the server's output, exit(1)")
     faults.add_argument("--slow-factor", type=float, default=1.0,
                         help="divide decode and prefill speed by this")
     faults.add_argument("--garbage-rate", type=_share, default=0.0,
@@ -254,6 +258,10 @@ async def _serve(args: argparse.Namespace) -> int:
     closed = max(0.0, cfg.load_seconds - warmup)
     log("Load weight begin. avail mem=139.80 GB", tags)
     await asyncio.sleep(closed * cfg.time_scale)
+    if args.fail_start:
+        sys.stdout.write(Path(args.fail_start).read_text(errors="replace"))
+        sys.stdout.flush()
+        return 1
     log(f"Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail mem=85.12 GB, "
         f"mem usage=54.68 GB. (simulated: {settings.model_path})", tags)
     log(f"KV Cache is allocated. dtype: torch.bfloat16, #tokens: {cfg.max_total_num_tokens}, "

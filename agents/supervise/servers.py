@@ -34,6 +34,7 @@ from agents.rundir.gpugroups import label, visible_devices
 from agents.rundir.secrets import secret_env_names
 from agents.rundir.spec import RunSpec
 from agents.rundir.template import render
+from agents.supervise.crashcause import CrashCause, classify, read_tail
 from agents.supervise.procinfo import (
     group_is_ours,
     group_members,
@@ -42,7 +43,7 @@ from agents.supervise.procinfo import (
     start_time,
 )
 from agents.supervise.retractions import Retractions
-from agents.supervise.sglang_log import LogTail
+from agents.supervise.sglang_log import LAUNCH_MARKER, LogTail
 from agents.supervise.sglang_metrics import (
     MetricsReading,
     ServerFigures,
@@ -140,6 +141,12 @@ class ManagedServer:
     streak: int = 0
     healthy_since: float | None = None
     proc: subprocess.Popen[bytes] | None = None
+    # What its log said when it last exited (crashcause), and the cause of a death at
+    # start-up, kept while the next start is tried: the same deterministic cause twice in a
+    # row stops the restarts, with `restarts_stopped` saying why.
+    cause: CrashCause | None = None
+    startup_cause: CrashCause | None = None
+    restarts_stopped: str | None = None
     figures: ServerFigures = field(default_factory=ServerFigures)
     retractions: Retractions = field(default_factory=lambda: Retractions(300.0))
 
@@ -236,7 +243,7 @@ class ServerSet:
         script.write_text("\n".join(lines) + "\n")
         script.chmod(0o755)
         with open(self.log_path(server), "ab") as out:
-            out.write(f"\n# fleetdeck: launching at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+            out.write(f"\n{LAUNCH_MARKER} at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                       .encode())
             out.flush()
             proc = subprocess.Popen(["/bin/sh", str(script)], stdout=out,
@@ -364,6 +371,8 @@ class ServerSet:
                 server.health_checked_at = time.time()
                 if ok:
                     server.fails_in_row = 0
+                    # It started: a new cause starts a new count, and the old one is history.
+                    server.startup_cause = server.cause = None
                     self._set_state(server, "healthy")
                     if server.streak and server.healthy_since is not None and \
                             now - server.healthy_since > STREAK_RESET_S:
@@ -387,15 +396,35 @@ class ServerSet:
 
     async def _on_dead(self, server: ManagedServer, now: float) -> None:
         cfg = self.cfg
+        if server.restarts_stopped is not None:
+            return
         if server.next_restart_at is None:
+            at_startup = server.state == "starting"
             code = server.proc.returncode if server.proc is not None else None
+            pid = server.pid
+            cause = classify(await asyncio.to_thread(read_tail, self.log_path(server)))
+            if self.stopping or server.state == "stopped" or server.pid != pid:
+                return  # stopped, or relaunched (restart-server), while the log was read
+            server.cause = cause
             server.last_error = f"process {server.pid} exited" + (
-                f" with {code}" if code is not None else "")
+                f" with {code}" if code is not None else "") + (
+                " at start-up" if at_startup else "") + (
+                f": {cause.text()}" if cause is not None else "")
             log.warning("server %d: %s", server.number, server.last_error)
             self._set_state(server, "down")
+            if at_startup and cause is not None and cause.deterministic and \
+                    cause == server.startup_cause:
+                # It will say the same on every start: restarting only burns the backoff.
+                server.restarts_stopped = (f"the same {cause.label} at start-up twice in a "
+                                           f"row ({cause.line}): {cause.advice}")
+                server.last_error = f"restarts stopped: {server.restarts_stopped}"
+                log.error("server %d: %s", server.number, server.last_error)
+                return
+            server.startup_cause = cause if at_startup else None
             server.next_restart_at = now + cfg.restart_backoff_s * 2 ** min(server.streak, 6)
         if server.streak >= cfg.max_restarts:
-            server.last_error = f"gave up after {server.streak} restarts in a row"
+            server.last_error = f"gave up after {server.streak} restarts in a row" + (
+                f"; the last exit: {server.cause.text()}" if server.cause is not None else "")
             return
         if server.next_restart_at is not None and now >= server.next_restart_at:
             await self.restart(server, server.last_error or "process exited")
@@ -403,6 +432,10 @@ class ServerSet:
     async def restart(self, server: ManagedServer, reason: str, manual: bool = False,
                       hung: bool = False) -> None:
         log.warning("server %d: restarting (%s)", server.number, reason)
+        if manual:
+            # Someone fixed what stopped it (the model put in place), or wants to see again.
+            server.restarts_stopped = None
+            server.startup_cause = None
         self._set_state(server, "restarting")
         await self._terminate(server, hung=hung)
         server.restarts += 1
@@ -531,6 +564,8 @@ class ServerSet:
         return {
             "gpu": server.gpu, "gpus": list(server.gpus), "port": server.port, "pid": server.pid,
             "restarts": server.restarts, "started_at": server.started_at,
+            "exit_cause": server.cause.kind if server.cause is not None else None,
+            "restarts_stopped": server.restarts_stopped,
             **figure_fields(server.figures, server.retractions),
             "health_checked_at": server.health_checked_at, "metrics_at": server.metrics_at,
         }

@@ -1,5 +1,6 @@
 """The generation node's per-GPU table, one row per server (its GPU, or its group of GPUs:
-`0-1`): server state (with the requests it retracted recently: its KV pool is full),
+`0-1`): server state (with the requests it retracted recently: its KV pool is full; why its
+process last exited, `gave up: ...` when the supervisor stopped restarting it),
 restarts, in-flight / limit, the auto-tuner's chosen level with its measured
 tokens/s-by-concurrency curve, queue, req/s, tok/s, accept length, failures, and the GPUs'
 utilisation, memory, temperature and power, the group's together (`–` where NVML is absent:
@@ -11,7 +12,8 @@ from rich.text import Text
 from textual.theme import Theme
 
 from agents.rundir.gpugroups import label as gpu_label
-from agents.rundir.schema import AutoTune, ServerStatus, Snapshot
+from agents.rundir.schema import EXIT_CAUSES, AutoTune, ServerStatus, Snapshot
+from console.sanitize import shown
 from console.tui.widgets import figures as f
 from console.tui.widgets.graphs import knee_plot
 from console.tui.widgets.live_table import LiveTable, Row
@@ -31,6 +33,18 @@ def tok_per_s(s: ServerStatus) -> float | None:
     (no engine row: limit 0), SGLang's own generation throughput, unknown if it gives none
     (an engine's 0.0 there would be no measurement, not a zero)."""
     return s.tok_per_s if s.limit > 0 else s.gen_throughput
+
+
+# The few letters a State cell has room for; the run panel's latest errors say it all.
+SHORT_CAUSES = {"unknown_argument": "unknown arg", "bad_argument": "bad arg",
+                "missing_model": "no model", "model_unreachable": "no Hub"}
+
+
+def exit_cause(s: ServerStatus) -> str:
+    """Why the server's process exited, in a word or two; a kind this console does not know
+    (a newer agent's) as sent, escaped."""
+    kind = s.exit_cause or "exited"
+    return SHORT_CAUSES.get(kind) or EXIT_CAUSES.get(kind) or shown(kind)
 
 
 def accept_length(s: ServerStatus) -> float | None:
@@ -64,6 +78,13 @@ def gpu_row(s: ServerStatus, at: float, theme: Theme, stale: bool,
     if s.metrics_at is not None and at - s.metrics_at > METRICS_STALE_S:
         state += f" ({f.age(at - s.metrics_at)} old)"  # its metrics: not refreshed
         tone = "warn"
+    if s.restarts_stopped:
+        state = f"gave up: {exit_cause(s)}"
+        tone = "bad"
+    elif s.exit_cause and s.state in ("down", "restarting"):
+        # Why its process exited (the whole line: the run panel's latest errors). Not while
+        # it starts again: `starting: out of memory` would read as this start's.
+        state += f": {exit_cause(s)}"
     if s.retracted_recent:
         # Its KV pool is full: requests go back to its queue and start again (kv_pressure).
         state += f", {s.retracted_recent} retracted"
