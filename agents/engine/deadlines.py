@@ -7,6 +7,7 @@ gives up at `deadline_factor` x that time (clamped to [min_deadline_s, request_t
 from __future__ import annotations
 
 import asyncio
+import bisect
 import statistics
 import time
 from collections import deque
@@ -20,9 +21,12 @@ from agents.engine.serverload import ServerLoad
 WINDOW = 32  # answers per server that make its pace
 MIN_ANSWERS = 4  # fewer than this: the pace of the whole fleet, or SGLang's own figures
 LATENCIES_KEPT = 256
-# A copy asks for its deadline again this often (a timer callback); one whose deadline is not
-# known yet waits for `changed` instead, where it has one.
+# A copy whose deadline is not known yet and that has no `changed` to wait on asks again this
+# often. A copy with a deadline asks again only when it comes (Pace keeps, per server, the
+# highest deadline multiplier seen since any moment: `Peak`).
 RECHECK_S = 0.5
+# Values a Peak keeps closer together than this are one (the higher, at the later time).
+PEAK_RESOLUTION_S = 0.01
 # After /abort_request, how long the server's answer to the aborted request (finish_reason
 # abort) is waited for. A loaded real server took 2-4 s: it ends the request at its next step.
 ABORT_CONFIRM_S = 10.0
@@ -59,6 +63,10 @@ class Pace:
         self._retracted_at: dict[int, float] = {}  # the last reading that saw a retraction
         # Copies whose deadline is not known yet, woken when a pace may be (changed()).
         self._waiters: list[asyncio.Future[None]] = []
+        # Per server, the deadline's multipliers as they changed: (1 + queue waits) / pace
+        # and 1 / pace, each kept as the highest since any moment (Peak), so a copy asks for
+        # its deadline only when it comes and gets the longest it had in the meantime.
+        self._peaks: dict[int, tuple[Peak, Peak]] = {}
 
     def changed(self) -> asyncio.Future[None]:
         """Done at the next figure that may make a pace known: a copy with no deadline yet
@@ -81,6 +89,7 @@ class Pace:
         self._latencies.append(latency_s)
         if tokens > 0:
             self._window(server).add(tokens, latency_s)
+            self._paces_changed(server)
             self._wake()
 
     def observe_aborted(self, server: int, tokens: int, elapsed_s: float) -> None:
@@ -92,6 +101,7 @@ class Pace:
         was."""
         if tokens > 0 and elapsed_s > 0:
             self._window(server).add(tokens, elapsed_s)
+            self._paces_changed(server)
             self._wake()
 
     def _window(self, server: int) -> Window:
@@ -106,6 +116,7 @@ class Pace:
         batch. Used only until the server has answered MIN_ANSWERS times."""
         if gen_throughput and running and gen_throughput > 0 and running > 0:
             self._hints[server] = gen_throughput / running
+            self._note(server)
             self._wake()
 
     def observe_load(self, server: int, load: ServerLoad, now: float | None = None) -> None:
@@ -117,6 +128,35 @@ class Pace:
         if before is not None and load.retracted > before.retracted:
             self._retracted_at[server] = now
         self._load[server] = load
+        self._note(server, now)
+
+    def _paces_changed(self, server: int) -> None:
+        """An answer changed this server's pace, and the fleet's, which servers with few
+        answers of their own go by."""
+        now = time.monotonic()
+        for number in self._peaks:
+            if number == server or self._few_answers(number):
+                self._note(number, now)
+        if server not in self._peaks:
+            self._note(server, now)
+
+    def _few_answers(self, server: int) -> bool:
+        own = self._answers.get(server)
+        return own is None or len(own.kept) < MIN_ANSWERS
+
+    def _note(self, server: int, now: float | None = None) -> None:
+        """The server's deadline multipliers as they are now, into its peaks."""
+        pace = self.tokens_per_s(server)
+        if not pace:
+            return
+        now = time.monotonic() if now is None else now
+        peaks = self._peaks.get(server)
+        if peaks is None:
+            peaks = self._peaks[server] = (Peak(), Peak())
+        queued, _ = self._queue_waits(server)
+        for peak, value in zip(peaks, ((1 + queued) / pace, 1 / pace), strict=True):
+            peak.add(now, value)
+            peak.forget(now - self.max_s)  # a copy that old is past any deadline
 
     def waits(self, server: int, sent_at: float | None) -> tuple[float, str]:
         """Answers' times a request sent at `sent_at` may spend waiting on this server,
@@ -124,19 +164,22 @@ class Pace:
         behind the queue. Without this a server short of KV room, whose queue is long and
         which retracts, would see its waiting requests aborted and sent again, each time to
         the back of the same queue: a storm of aborts and resends that adds only work."""
-        load = self._load.get(server)
-        if load is None:
-            return 0.0, ""
-        waits, why = 0.0, []
-        if load.queued:
-            running = max(load.running or 0, 1)
-            waits += load.queued / running
-            why.append(f"{load.queued} queued behind {load.running or 0} running")
-        at = self._retracted_at.get(server)
-        if at is not None and (sent_at is None or at >= sent_at):
+        waits, why = self._queue_waits(server)
+        if self._retracted_since(server, sent_at):
             waits += 1.0
-            why.append("it retracted requests")
-        return waits, ", ".join(why)
+            why = ", ".join(w for w in (why, "it retracted requests") if w)
+        return waits, why
+
+    def _queue_waits(self, server: int) -> tuple[float, str]:
+        load = self._load.get(server)
+        if load is None or not load.queued:
+            return 0.0, ""
+        running = max(load.running or 0, 1)
+        return load.queued / running, f"{load.queued} queued behind {load.running or 0} running"
+
+    def _retracted_since(self, server: int, sent_at: float | None) -> bool:
+        at = self._retracted_at.get(server)
+        return at is not None and (sent_at is None or at >= sent_at)
 
     def tokens_per_s(self, server: int) -> float | None:
         """Tokens per second per request: output tokens over the time they took (queue and
@@ -153,17 +196,41 @@ class Pace:
 
     def deadline(self, server: int, max_tokens: int,
                  sent_at: float | None = None) -> Deadline | None:
-        """None when deadlines are off or nothing is known yet (request_timeout_s holds).
-        `sent_at` (monotonic): when the copy went out, for the retractions since."""
+        """The deadline by the server's pace and queue now. None when deadlines are off or
+        nothing is known yet (request_timeout_s holds). `sent_at` (monotonic): when the copy
+        went out, for the retractions since."""
+        return self._deadline(server, max_tokens, sent_at, False)
+
+    def longest(self, server: int, max_tokens: int, sent_at: float) -> Deadline | None:
+        """The longest deadline a copy sent at `sent_at` had since: what a copy asks for
+        when its deadline comes (send_within), so that it need not ask in between."""
+        return self._deadline(server, max_tokens, sent_at, True)
+
+    def _deadline(self, server: int, max_tokens: int, sent_at: float | None,
+                  since: bool) -> Deadline | None:
         if self.factor <= 0:
             return None
         pace = self.tokens_per_s(server)
         if not pace:
             return None
-        waits, why = self.waits(server, sent_at)
-        seconds = min(max(self.factor * max_tokens / pace * (1 + waits), self.min_s),
-                      self.max_s)
-        return Deadline(seconds, pace, max_tokens, waits, why)
+        queued, why = self._queue_waits(server)
+        turns, per_token = (1 + queued) / pace, 1 / pace
+        peaks = self._peaks.get(server)
+        if since and sent_at is not None and peaks is not None:
+            # The longest it had since it was sent: a queue that has gone, a pace that was
+            # slower (the first part of a request ran in a fuller batch).
+            before = (peaks[0].since(sent_at), peaks[1].since(sent_at))
+            if before[0] is not None and before[0] > turns:
+                turns = before[0]
+                why = ", ".join(w for w in (why, "a longer queue or a slower pace since it "
+                                            "was sent") if w)
+            if before[1] is not None:
+                per_token = max(per_token, before[1])
+        if self._retracted_since(server, sent_at):
+            turns += per_token  # it waits its turn again
+            why = ", ".join(w for w in (why, "it retracted requests") if w)
+        seconds = min(max(self.factor * max_tokens * turns, self.min_s), self.max_s)
+        return Deadline(seconds, pace, max_tokens, turns * pace - 1, why)
 
     def median_latency(self) -> float | None:
         """The median latency of recent answers, fleet-wide (None before any)."""
@@ -198,6 +265,52 @@ class Window:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
 
+class Peak:
+    """Values as they came, each with its time, asked for the highest that came after a
+    moment: a list decreasing from old to new (a new value drops the ones it is not lower
+    than, which no later question can need), so adding is O(1) amortized and asking is a
+    bisection. Values older than `forget`'s moment go."""
+
+    __slots__ = ("_head", "_start", "_times", "_values")
+
+    def __init__(self) -> None:
+        self._times: list[float] = []
+        self._values: list[float] = []
+        self._head = 0
+        self._start = 0.0  # when the last entry's first value came
+
+    def add(self, at: float, value: float) -> None:
+        times, values = self._times, self._values
+        dropped = False
+        while len(values) > self._head and values[-1] <= value:
+            times.pop()
+            values.pop()
+            dropped = True
+        if not dropped and len(values) > self._head and at - self._start < PEAK_RESOLUTION_S:
+            # A lower value within PEAK_RESOLUTION_S of the last one's first: the last one
+            # stands until now. At most one new entry every PEAK_RESOLUTION_S that does not
+            # drop one, whatever the answers' rate; never a shorter deadline.
+            times[-1] = at
+            return
+        self._start = at
+        times.append(at)
+        values.append(value)
+
+    def since(self, at: float) -> float | None:
+        """The highest value that came after `at`; None when none did."""
+        i = bisect.bisect_right(self._times, at, self._head)
+        return self._values[i] if i < len(self._values) else None
+
+    def forget(self, before: float) -> None:
+        times = self._times
+        while self._head < len(times) and times[self._head] < before:
+            self._head += 1
+        if self._head > 64 and self._head * 2 > len(times):
+            del times[:self._head]
+            del self._values[:self._head]
+            self._head = 0
+
+
 def _ratio(answers: Any) -> float | None:
     tokens = sum(t for t, _ in answers)
     seconds = sum(s for _, s in answers)
@@ -224,12 +337,13 @@ async def send_within(client: ServerClient, payload: dict[str, Any],
                       abort: Callable[[], Awaitable[bool]],
                       changed: Callable[[], asyncio.Future[None]] | None = None) -> Completion:
     """The chat request, given up when it runs past its deadline: DeadlineMiss. `deadline()`
-    is asked at the start and again every RECHECK_S on a timer beside the request (a callback,
-    not a task woken), and, while none is known, only when `changed()` says a pace may be
-    (without `changed`, every RECHECK_S). The request runs in the caller's task. The deadline
-    only ever grows: the pace of the answers coming in rises as the batch in flight shrinks (at
-    the tail), and a request that ran its first part in the full batch, or waited in a long
-    queue, is not late by the pace and queue of the moment.
+    is asked at the start and again when the deadline comes, on a timer beside the request (a
+    callback, not a task woken): when it has grown, the timer is set again. While none is
+    known it is asked only when `changed()` says a pace may be (without `changed`, every
+    RECHECK_S). The request runs in the caller's task. The deadline only ever grows: the pace
+    of the answers coming in rises as the batch in flight shrinks (at the tail), and a request
+    that ran its first part in the full batch, or waited in a long queue, is not late by the
+    pace and queue of the moment (`Pace.longest` gives the longest since it was sent).
 
     At the deadline `abort()` asks the server to let the request go (True when it took the
     request), and the server's own answer to it, finish_reason abort, is waited for up to
@@ -299,12 +413,12 @@ class _Watch:
         if self.fixed is not None:
             left = self.start + self.fixed.seconds - time.monotonic()
             if left > 0:
-                # Asked again every RECHECK_S (a timer callback, not a task's wake-up): the
-                # deadline keeps the longest seen, and a server's queue (its waits) comes and
-                # goes while a copy waits in it. Asked only when it came, or every eighth of it,
-                # deadlines missed the queue that had been: the real server short of KV room
-                # gave up 120, then 54 copies (tests/real/test_kv_pressure.py), none so.
-                self.timer = self.loop.call_later(min(left, RECHECK_S), self.arm)
+                # Asked again when it comes: `deadline()` is the longest it had since the copy
+                # was sent (Pace.longest), so a server's queue that came and went while the
+                # copy waited in it still counts (asked only at the deadline without them,
+                # the real server short of KV room gave up 120, then 54 copies:
+                # tests/real/test_kv_pressure.py), and nothing wakes in between.
+                self.timer = self.loop.call_later(left, self.arm)
                 return
             self.waited = time.monotonic() - self.start
             self.message = f"no answer after {self.waited:.1f} s ({self.fixed.why(self.factor)})"

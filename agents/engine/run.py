@@ -549,8 +549,8 @@ class Engine:
         try:
             if self.gen.deadline_factor > 0:
                 result = await send_within(server.client, payload,
-                                           lambda: self.pace.deadline(server.number, max_tokens,
-                                                                      sent_at),
+                                           lambda: self.pace.longest(server.number, max_tokens,
+                                                                     sent_at),
                                            self.gen.deadline_factor, give_up, self.pace.changed)
             else:  # no deadlines: request_timeout_s alone
                 result = await chat(server.client, payload)

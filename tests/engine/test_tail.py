@@ -32,9 +32,11 @@ from agents.engine.deadlines import (
     Deadline,
     DeadlineMiss,
     Pace,
+    Peak,
     send_within,
 )
 from agents.engine.prompts import Prompt
+from agents.engine.serverload import ServerLoad
 from agents.rundir.spec import SpecError, load_spec
 from tests.engine.runs import (
     EngineProc,
@@ -362,3 +364,41 @@ def test_kill_9_in_the_middle_of_a_hedge_then_resume_keeps_one_line_per_attempt(
     assert st.lines == len(st.current)  # attempt 1 only: exactly one line per index
     progress = json.loads((resumed.run_dir / "progress.json").read_text())
     assert progress["completed"] == len(st.current) and progress["status"] == "done"
+
+
+def test_a_peak_answers_the_highest_value_since_any_moment() -> None:
+    peak = Peak()
+    assert peak.since(0.0) is None
+    for at, value in [(1.0, 5.0), (2.0, 3.0), (3.0, 4.0), (4.0, 1.0), (5.0, 2.0)]:
+        peak.add(at, value)
+    assert [peak.since(t) for t in (0.5, 1.0, 2.5, 3.0, 4.5, 5.0)] == [5.0, 4.0, 4.0, 2.0, 2.0,
+                                                                      None]
+    peak.forget(2.5)  # older than that: gone
+    assert peak.since(0.0) == 4.0
+    for i in range(100_000):  # 1,000 falling values a second for 100 s: ~100 kept a second
+        peak.add(10.0 + i * 0.001, 1.0 - i * 1e-6)
+    assert len(peak._values) - peak._head <= 100 * 100 + 5
+    # Never lower than the truth (the highest after 50 s), and at most 10 ms of values above.
+    assert 1.0 - 40_000e-6 <= peak.since(50.0) <= 1.0 - 39_990e-6 + 1e-9
+
+
+def test_a_copy_keeps_the_queue_it_waited_in_after_the_queue_is_gone() -> None:
+    """Asked only when its deadline comes, a copy's deadline is still the longest it had
+    since it was sent: a server's queue that came and went, a slower pace (the real server
+    short of KV room: tests/real/test_kv_pressure.py). A copy sent after it does not get it."""
+    pace = Pace(factor=3.0, min_s=1.0, max_s=600.0)
+    for _ in range(MIN_ANSWERS):
+        pace.observe(0, 100, 1.0)  # 100 tokens/s a request: 3 x 100 tokens = 3 s
+    sent = time.monotonic()
+    d = pace.longest(0, 100, sent)
+    assert d is not None and d.seconds == pytest.approx(3.0)
+    pace.observe_load(0, ServerLoad(running=10, queued=40, retracted=0))  # 4 turns of waiting
+    pace.observe_load(0, ServerLoad(running=10, queued=0, retracted=0))
+    d = pace.longest(0, 100, sent)
+    assert d is not None and d.seconds == pytest.approx(15.0)
+    assert "since it was sent" in d.why(3.0)
+    now = pace.deadline(0, 100, sent)  # by the queue of the moment: gone
+    assert now is not None and now.seconds == pytest.approx(3.0)
+    later = time.monotonic() + 1e-3
+    d = pace.longest(0, 100, later)
+    assert d is not None and d.seconds == pytest.approx(3.0)
