@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -36,6 +37,7 @@ MAX_READ_BYTES = 32 * 1024 * 1024  # one call's reading (~100k lines)
 MAX_SERVERS_KEPT = 256  # distinct servers counted per class; more are counted together
 MAX_CLASS_CHARS = 64
 RECENT_EXAMPLES = 2  # beside the first
+Event = Literal["failed", "requeued"]
 
 
 @dataclass(slots=True)
@@ -72,7 +74,7 @@ class FailureSummarizer:
         self._offset = 0
         self._skipping = False  # inside a line longer than one read: skipped to its end
         self._lines = 0
-        self._groups: dict[tuple[str, str], _Group] = {}
+        self._groups: dict[tuple[Event, str], _Group] = {}
         self._events = 0
         self._retries = 0
         self._other = 0
@@ -141,8 +143,9 @@ class FailureSummarizer:
                 self._retries += 1
                 continue
             self._events += 1
-            cls = (ev.error if ev.event == "failed" else ev.what) or "unknown"
-            key = (ev.event, cls[:MAX_CLASS_CHARS])
+            event: Event = "failed" if ev.event == "failed" else "requeued"
+            cls = (ev.error if event == "failed" else ev.what) or "unknown"
+            key = (event, cls[:MAX_CLASS_CHARS])
             group = self._groups.get(key)
             if group is None:
                 if len(self._groups) >= MAX_FAILURE_GROUPS:

@@ -577,7 +577,7 @@ class FailureGroup(msgspec.Struct, omit_defaults=False):
     `servers`: the servers named, most events first (`servers_more` named beyond them);
     `examples`: the first event and the last ones."""
 
-    event: Annotated[str, msgspec.Meta(max_length=16)]
+    event: Literal["failed", "requeued"]
     error: Annotated[str, msgspec.Meta(max_length=64)]
     count: BigCount
     first: When
