@@ -28,7 +28,7 @@ _FAILED = {
     "deadline": "deadline missed",
     "aborted": "aborted by the server",
     "bad_input": "bad input",
-    "connect": "server down (connect refused)",
+    "connect": "server down (cannot connect)",
     "transport": "connection broken",
     "bad_response": "bad response",
 }
