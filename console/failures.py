@@ -15,7 +15,7 @@ import msgspec
 from agents.rpc.protocol import RpcError
 from agents.rundir.schema import FailureGroup, FailureSummary
 from console.fleet import Fleet
-from console.headless import EXIT_CHECK, EXIT_OK, EXIT_UNREACHABLE, open_link, say
+from console.headless import EXIT_CHECK, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, open_link, say
 from console.sanitize import shown
 from console.transport import AgentLink, Unreachable
 
@@ -144,7 +144,7 @@ async def cmd_failures(fleet: Fleet, args: argparse.Namespace) -> int:
         return EXIT_CHECK
     except BadAnswer as exc:
         say(f"{node.name}: {shown(exc)}")
-        return EXIT_CHECK
+        return EXIT_USAGE  # as pull does with a malformed manifest: bad input from the node
     except (ConnectionError, TimeoutError) as exc:
         say(shown(exc))
         return EXIT_UNREACHABLE

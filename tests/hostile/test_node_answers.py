@@ -317,7 +317,7 @@ def test_a_broken_failures_answer_is_named_never_shown(node: HostileNode, answer
     node.answer({"failures": answer})
     before = tree(node.watched)
     out = node.fleetdeck("failures", "gen-1")
-    assert_refused(out, 1, ["gen-1", "unreadable failures answer", *names])
+    assert_refused(out, 2, ["gen-1", "unreadable failures answer", *names])
     assert out.stdout == ""  # nothing of it shown as figures
     assert_only_changed(before, tree(node.watched))
 
