@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -19,9 +20,10 @@ from console.headless import EXIT_CHECK, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, 
 from console.sanitize import shown
 from console.transport import AgentLink, Unreachable
 
-# A call reads at most 32 MiB of the journal on the node; a journal of millions of lines is
-# read over several calls. A headless call asks until it is read through (or stops moving).
-MAX_ROUNDS = 64
+# A call reads at most 8 MiB of the journal on the node (agents/rundir/failsummary.py); a
+# journal of millions of lines is read over several calls. Headless asks until it is read
+# through, stops moving, or 2 GiB were read (then it says how far it got).
+MAX_ROUNDS = 256
 
 _FAILED = {
     "timeout": "timeout",
@@ -50,13 +52,17 @@ def decode(raw: Any) -> FailureSummary:
         raise BadAnswer(f"an unreadable failures answer: {exc}") from None
 
 
-async def fetch(link: AgentLink, timeout: float = 120.0) -> FailureSummary:
+async def fetch(link: AgentLink, timeout: float = 120.0,
+                on_step: Callable[[FailureSummary], None] | None = None) -> FailureSummary:
     """The node's summary, asked again while it reads on (each answer covers more of the
-    journal), until it is read through, stops moving or MAX_ROUNDS passed."""
+    journal), until it is read through, stops moving or MAX_ROUNDS passed. `on_step` sees
+    each answer that is not the last (the TUI shows them as they come)."""
     summary = decode(await link.call("failures", {}, timeout=timeout))
     for _ in range(MAX_ROUNDS - 1):
         if summary.complete:
             break
+        if on_step is not None:
+            on_step(summary)
         more = decode(await link.call("failures", {}, timeout=timeout))
         moved = more.bytes_read != summary.bytes_read
         summary = more

@@ -111,7 +111,7 @@ class FailuresScreen(ModalScreen[None]):
             self._error(f"{self.node} is not connected")
             return
         try:
-            summary = await fetch(link)
+            summary = await fetch(link, on_step=self.show_summary)
         except RpcError as exc:
             self._error(f"failures refused: {exc.message}")
             return
