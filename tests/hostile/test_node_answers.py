@@ -337,3 +337,45 @@ def test_failures_text_from_the_node_reaches_the_terminal_escaped(node: HostileN
     assert out.code == 0, out.text
     no_escape(out)  # JSON escapes control characters itself
     assert json.loads(out.stdout)["failures"]["groups"][0]["error"] == "http_5" + ESCAPES
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["escaped", "out-of-bounds"])
+async def test_the_tui_failures_screen_shows_hostile_text_escaped(sshd: SshServer,
+                                                                 tmp_path: Path,
+                                                                 bad: bool) -> None:
+    """Terminal escapes and Textual markup in a failures answer (a class, an example line)
+    are shown escaped on the failures screen, and the TUI goes on; an answer out of bounds
+    is named there, never drawn."""
+    from textual.widgets import DataTable, Label
+
+    from console.fleet import load_fleet
+    from console.tui.app import FleetdeckApp
+    from console.tui.screens.failures import FailuresScreen
+    from tests.console.conftest import on_screen, until
+    from tests.console.screen import screen_text
+
+    node = FakeNode(sshd, tmp_path, tmp_path / "pulls")
+    snap = snapshot(run="fine", status="running")
+    group = failure_group(count=-1) if bad else failure_group(
+        error="http_5[/]" + ESCAPES,
+        examples=[{"line": 1, "text": "[@click=app.quit]boom[/]" + ESCAPES}])
+    node.answer({"subscribe": snap, "status": snap, "failures": failure_summary(group)})
+    app = FleetdeckApp(load_fleet(node.fleet))
+    async with app.run_test(size=(180, 50)) as pilot:
+        await until(pilot, lambda: app.state.nodes["gen-1"].snapshot is not None, 120,
+                    "the snapshot")
+        await pilot.press("F")
+        screen = await until(pilot, lambda: on_screen(app, FailuresScreen), 60, "the screen")
+        assert isinstance(screen, FailuresScreen)
+        if bad:
+            headline = screen.query_one("#failures-headline", Label)
+            await until(pilot, lambda: "unreadable failures answer" in str(headline.render()),
+                        120, "the bad answer named")
+            assert screen.query_one("#failures-table", DataTable).row_count == 0
+        else:
+            await until(pilot, lambda: "[@click=app.quit]boom[/]\\x1b]0;pwned" in
+                        screen_text(app), 120, "the example line, escaped")
+            assert "http_5[/]\\x1b]0;pwned\\x07" in screen_text(app)
+        shown = screen_text(app)
+        assert not any(ch in shown for ch in ("\x1b", "\x07", "\x9b", "\r")), repr(shown)
+        assert app.is_running and not app.render_errors
