@@ -121,10 +121,15 @@ def test_classes_beyond_the_answer_are_counted_as_other(tmp_path: Path) -> None:
     assert len(json.dumps(msgspec.to_builtins(got))) < 256 * 1024
 
 
-def test_a_symlinked_journal_is_never_read(tmp_path: Path) -> None:
+def test_a_symlinked_journal_or_a_fifo_is_never_read(tmp_path: Path) -> None:
     secret = tmp_path / "elsewhere.jsonl"
     secret.write_bytes(_ev(0))
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "failures.jsonl").symlink_to(secret)
     with pytest.raises(OSError, match=r"failures\.jsonl"):
         FailureSummarizer(tmp_path / "run").summary()
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "failures.jsonl")  # a reader would block on it for ever
+    with pytest.raises(OSError, match="not a regular file"):
+        FailureSummarizer(fifo).summary()
