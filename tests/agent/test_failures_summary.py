@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -73,6 +75,15 @@ def test_the_summary_of_a_real_run_is_what_failures_jsonl_holds(tmp_path: Path) 
     assert {s.server for s in classes[("failed", "connect")].servers} == {2}
     # A fresh reader (a new serve session) with the default budget: the same answer.
     assert FailureSummarizer(engine.run_dir).summary() == got
+    # On the node itself: `fleetdeck-agent failures RUN_DIR [--json]`.
+    r = subprocess.run([sys.executable, "-m", "agents.cli", "failures", str(engine.run_dir),
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert msgspec.convert(json.loads(r.stdout), FailureSummary) == got
+    r = subprocess.run([sys.executable, "-m", "agents.cli", "failures", str(engine.run_dir)],
+                       capture_output=True, text=True, timeout=120)
+    count = classes[("failed", "http_500")].count
+    assert r.returncode == 0 and f"failed http_500: {count}, first " in r.stdout, r.stdout
 
 
 def _ev(i: int, error: str = "http_503", server: int | None = 0, t: float = 1000.0) -> bytes:
