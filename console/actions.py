@@ -39,6 +39,8 @@ ACTIONS: tuple[Action, ...] = (
            "takes it)"),
     Action("logs", "l", "Logs", "tail a log of the run"),
     Action("samples", "S", "Samples", "read the latest completions"),
+    Action("failures", "F", "Failures", "what is failing: failures and requeues by error class "
+           "(counts, first and last time, servers, example lines)"),
     Action("pull", "u", "Pull", "copy the run's artifacts here over SFTP", rpc=False),
     Action("decommission", "k", "Decommission", "checklist: safe to give the node back?",
            rpc=False),

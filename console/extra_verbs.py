@@ -1,4 +1,5 @@
-"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check and resume-from-s3.
+"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check, resume-from-s3 and
+failures.
 Registered on the headless parser."""
 
 from __future__ import annotations
@@ -34,3 +35,7 @@ def add(sub: Any) -> None:
     from console import resume_from_s3
 
     resume_from_s3.add(sub)
+
+    from console import failures
+
+    failures.add(sub)

@@ -1,5 +1,5 @@
-"""Verbs that look at a run and change nothing: `status`, `logs`, `samples`, `manifest`,
-`verify` and `verify-union` (a campaign's, from S3)."""
+"""Verbs that look at a run and change nothing: `status`, `logs`, `samples`, `failures`,
+`manifest`, `verify` and `verify-union` (a campaign's, from S3)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("-n", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_samples)
+
+    p = sub.add_parser("failures", help="failures.jsonl by error class: counts, first and "
+                       "last time, servers, the latest example line")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cmd_failures)
 
     p = sub.add_parser("manifest", help="every artifact of the run with size, mtime and sha256")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -155,6 +161,34 @@ def cmd_samples(args: argparse.Namespace) -> int:
               f"(reasoning {s['reasoning_tokens']}), attempt {s['attempt']}")
         print(f"  reasoning: {s['reasoning_head'][:200]!r}")
         print(f"  answer:    {s['content_head'][:200]!r}")
+    return EXIT_OK
+
+
+def cmd_failures(args: argparse.Namespace) -> int:
+    """The `failures` RPC's summary, read here to the end of the journal."""
+    from agents.rundir.failsummary import FailureSummarizer
+
+    reader = FailureSummarizer(args.run_dir.resolve())
+    try:
+        summary = reader.summary()
+        while not summary.complete:
+            summary = reader.summary()
+    except OSError as exc:
+        print(f"fleetdeck-agent failures: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(msgspec.to_builtins(summary)))
+        return EXIT_OK
+    print(f"{summary.events} events in {len(summary.groups)} classes, {summary.other} in "
+          f"further classes, {summary.retries} retry requests, {summary.unreadable} "
+          f"unreadable lines")
+    for g in summary.groups:
+        when = [time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(t)) for t in (g.first, g.last)]
+        servers = ", ".join(f"{s.server}: {s.count}" for s in g.servers) or "-"
+        print(f"{g.event} {g.error}: {g.count}, first {when[0]}, last {when[1]}, "
+              f"servers {servers}")
+        if g.examples:
+            print(f"  line {g.examples[-1].line}: {g.examples[-1].text!r}")
     return EXIT_OK
 
 

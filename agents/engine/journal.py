@@ -111,9 +111,13 @@ def failed(index: int, error: str, message: str, attempts: int, server: int | No
                         attempt=attempt, line=line)
 
 
-def requeued(index: int, attempt: int, what: str) -> FailureEvent:
+def requeued(index: int, attempt: int, what: str, server: int | None = None,
+             message: str | None = None) -> FailureEvent:
+    """`server` and `message`: the copy's, for a requeue the engine made itself (a deadline
+    missed there), so the failures view can name where and why."""
     return FailureEvent(event="requeued", time=time.time(), index=index, attempt=attempt,
-                        what=what)
+                        what=what, server=server,
+                        message=None if message is None else message[:2000])
 
 
 def retry_applied(what: str, rev: int) -> FailureEvent:

@@ -486,7 +486,8 @@ class Engine:
                         return
                     if exc.error == "deadline":
                         # Durable before it goes out again, as every requeue is.
-                        await self._journal([requeued(prompt.index, attempt, "deadline")])
+                        await self._journal([requeued(prompt.index, attempt, "deadline",
+                                                      server.number, exc.message)])
                     self.meter.totals.retried += 1
                     await asyncio.sleep(min(0.2 * 2 ** (tries - 1), 10.0))
                     server = await self.dispatcher.acquire(avoid=server.number, retry=True)

@@ -1,7 +1,7 @@
 """RPC methods that need no live supervisor: live controls (through control.json, as the
-headless CLI does), logs, samples, history, the artifact manifest, verify and the hello
-handshake. The supervisor and `serve --stdio` (when no supervisor runs) both answer with
-these."""
+headless CLI does), logs, samples, history, the failures summary, the artifact manifest,
+verify and the hello handshake. The supervisor and `serve --stdio` (when no supervisor runs)
+both answer with these."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from agents.rundir.control import (
     update_control,
 )
 from agents.rundir.control import resize as control_resize
+from agents.rundir.failsummary import FailureSummarizer
 from agents.rundir.schema import Control
 from agents.supervise.export_job import ExportRefused, start_export
 
@@ -53,6 +54,9 @@ def _int(params: dict[str, Any], key: str, low: int = 0) -> int:
 class ControlMethods:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
+        # Kept for the life of the answering process (the supervisor's, or a serve session's):
+        # each `failures` call reads only what the journal gained since the last one.
+        self.failures = FailureSummarizer(run_dir)
 
     def _write(self, method: str, params: dict[str, Any], change: Any) -> dict[str, Any]:
         public = {k: v for k, v in params.items() if k != "who"}
@@ -113,6 +117,14 @@ class ControlMethods:
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
             return await asyncio.to_thread(history, self.run_dir, float(since), limit)
 
+        async def failures(p: dict[str, Any]) -> Any:
+            try:
+                # Off the loop (the engine's, in a supervisor): it reads the journal.
+                summary = await asyncio.to_thread(self.failures.summary)
+            except OSError as exc:
+                raise RpcError(REFUSED, str(exc)) from None
+            return msgspec.to_builtins(summary)
+
         async def manifest(p: dict[str, Any]) -> Any:
             offset = _int({"offset": p.get("offset", 0)}, "offset")
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit", 1), MAX_LIMIT)
@@ -169,7 +181,7 @@ class ControlMethods:
         return {"export": export, "pause": pause, "unpause": unpause, "resize": resize,
                 "max_tokens": max_tokens,
                 "retry": retry, "logs": logs, "samples": samples, "history": history_,
-                "manifest": manifest, "verify": verify,
+                "failures": failures, "manifest": manifest, "verify": verify,
                 "queue_status": queue_status, "queue_verify": queue_verify,
                 "queue_retry": queue_retry, "queue_give_back": queue_give_back}
 

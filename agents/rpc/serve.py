@@ -58,7 +58,7 @@ _reply_id = msgspec.json.Decoder(_ReplyId)
 # down, restart_server, pause, unpause, resize, max_tokens, retry, manifest, whose hash cache
 # is written, and any method added later) is refused before it reaches a supervisor.
 READ_ONLY_METHODS = frozenset({"hello", "status", "subscribe", "unsubscribe", "logs", "samples",
-                               "history", "verify", "queue_status",
+                               "history", "failures", "verify", "queue_status",
                                "queue_verify"})
 
 

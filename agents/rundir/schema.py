@@ -558,3 +558,65 @@ class VerifyReport(msgspec.Struct, omit_defaults=False):
     run_status: str | None = None
     s3_url: str | None = None
     elapsed_s: float = 0.0
+
+
+# -- the failures view: failures.jsonl grouped by error class ---------------------------------
+
+# What the console accepts from a node's `failures` answer; the agent's summary stays well
+# inside (agents/rundir/failsummary.py sets the real caps).
+MAX_FAILURE_GROUPS = 64
+MAX_GROUP_SERVERS = 16
+MAX_GROUP_EXAMPLES = 3
+MAX_EXAMPLE_CHARS = 600
+BigCount = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+When = Annotated[float, msgspec.Meta(ge=0, le=1e11)]  # seconds since the epoch, finite
+
+
+class ServerCount(msgspec.Struct, omit_defaults=False):
+    server: Annotated[int, msgspec.Meta(ge=0, le=2**31)]
+    count: BigCount
+
+
+class FailureExample(msgspec.Struct, omit_defaults=False):
+    """A line of failures.jsonl as written (cut at MAX_EXAMPLE_CHARS), with its line number."""
+
+    line: BigCount
+    text: Annotated[str, msgspec.Meta(max_length=MAX_EXAMPLE_CHARS)]
+
+
+class FailureGroup(msgspec.Struct, omit_defaults=False):
+    """The journal's events of one kind and one class: `failed` with an error class
+    (`http_503`, `timeout`, `deadline`, `aborted`, `connect`, `transport`, `bad_response`,
+    `bad_input`), or `requeued` with its reason (`deadline`, `failed`, `truncated`).
+    `servers`: the servers named, most events first (`servers_more` named beyond them);
+    `examples`: the first event and the last ones."""
+
+    event: Literal["failed", "requeued"]
+    error: Annotated[str, msgspec.Meta(max_length=64)]
+    count: BigCount
+    first: When
+    last: When
+    servers: Annotated[list[ServerCount], msgspec.Meta(max_length=MAX_GROUP_SERVERS)]
+    servers_more: BigCount = 0
+    no_server: BigCount = 0  # events that name no server (bad input, a retry's requeue)
+    examples: Annotated[list[FailureExample],
+                        msgspec.Meta(max_length=MAX_GROUP_EXAMPLES)] = msgspec.field(
+                            default_factory=list)
+
+
+class FailureSummary(msgspec.Struct, omit_defaults=False):
+    """`failures`: failures.jsonl summarised on the node, most events first. Read
+    incrementally, a bounded share per call: `complete` is false until a call read to the end
+    (ask again to read on); `bytes_read` stops short of `bytes_total` by an unfinished last
+    line. `other`: events of classes beyond MAX_FAILURE_GROUPS; `unreadable`: lines
+    skipped; `lines`: lines read."""
+
+    groups: Annotated[list[FailureGroup], msgspec.Meta(max_length=MAX_FAILURE_GROUPS)]
+    events: BigCount
+    retries: BigCount
+    other: BigCount
+    unreadable: BigCount
+    bytes_read: BigCount
+    bytes_total: BigCount
+    complete: bool
+    lines: BigCount = 0

@@ -126,7 +126,10 @@ def _configure(p: argparse.ArgumentParser) -> None:
 
     faults = p.add_argument_group("faults (also POST /sim/faults)")
     faults.add_argument("--error-rate", type=_share, default=0.0,
-                        help="share answered HTTP 500 with an SGLang error body")
+                        help="share answered with an HTTP error (--error-status) and an "
+                             "SGLang error body")
+    faults.add_argument("--error-status", type=int, default=500, metavar="STATUS",
+                        help="the HTTP status of those errors, 400-599 (default 500)")
     faults.add_argument("--hang-rate", type=_share, default=0.0,
                         help="share never answered (until /abort_request or the client "
                              "goes away)")
@@ -162,7 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
-    faults = Faults(error_rate=args.error_rate, hang_rate=args.hang_rate,
+    if not 400 <= args.error_status <= 599:
+        raise SystemExit(f"--error-status {args.error_status}: an HTTP error status, 400-599")
+    faults = Faults(error_rate=args.error_rate, error_status=args.error_status,
+                    hang_rate=args.hang_rate,
                     crash_after_requests=args.crash_after_requests,
                     crash_after_seconds=args.crash_after_seconds,
                     slow_factor=args.slow_factor, garbage_rate=args.garbage_rate,

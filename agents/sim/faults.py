@@ -16,7 +16,8 @@ from agents.sim.logs import log
 class Faults:
     """Faults on demand (flags at start, `POST /sim/faults` later)."""
 
-    error_rate: float = 0.0  # HTTP 500 with an SGLang error body
+    error_rate: float = 0.0  # an HTTP error (error_status) with an SGLang error body
+    error_status: int = 500  # the status those errors carry (400-599)
     hang_rate: float = 0.0  # held, never answered until aborted or the client goes away
     crash_after_requests: int | None = None  # os._exit when request N+1 arrives
     crash_after_seconds: float | None = None  # os._exit after T simulated seconds
@@ -34,6 +35,12 @@ class Faults:
             number = isinstance(value, int | float) and not isinstance(value, bool)
             if key.startswith("crash_after") and value is None:
                 clean[key] = None
+            elif key == "error_status":
+                if not isinstance(value, int) or isinstance(value, bool) or \
+                        not 400 <= value <= 599:
+                    raise ValueError(f"error_status must be an HTTP error status 400-599, "
+                                     f"not {value!r}")
+                clean[key] = value
             elif not number or value < 0:
                 raise ValueError(f"{key} must be a number >= 0, not {value!r}")
             elif key.endswith("_rate") and value > 1:

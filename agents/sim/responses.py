@@ -90,7 +90,9 @@ class Generation:
             crash(f"crash_after_requests={self.model.cfg.faults.crash_after_requests}",
                   self.s.scheduler_tags)
         if fault == "error":
-            return error("Internal server error: simulated fault (error_rate)", 500)
+            status = self.model.cfg.faults.error_status
+            what = "Internal server error" if status == 500 else f"HTTP {status}"
+            return error(f"{what}: simulated fault (error_rate)", status)
         if fault == "garbage":
             return Response(b"\x00\x01<html>simulated garbage, not JSON {\"choices\": [",
                             media_type="application/json")

@@ -44,6 +44,7 @@ from console.tui.port import AnswerT
 from console.tui.screens.base import View, ViewContext
 from console.tui.screens.campaign import CampaignScreen
 from console.tui.screens.decommission import DecommissionScreen
+from console.tui.screens.failures import FailuresScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.node import GenerateScreen, NodeView, TrainScreen
 from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
@@ -67,8 +68,9 @@ FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autot
                 "down", "launch", "pull", "decommission", "theme")
 FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto",
                  "restart_server": "Restart"}
-# Bound and in the palette, but not worth footer room (rare, or one kind of node only).
-FOOTER_HIDDEN = frozenset({"export", "theme"})
+# Bound and in the palette, but not worth footer room (rare, or one kind of node only;
+# failures: the footer is full at 200 columns, and its key is in the README's table).
+FOOTER_HIDDEN = frozenset({"export", "theme", "failures"})
 
 
 def action_bindings() -> list[BindingType]:
@@ -509,4 +511,4 @@ class FleetdeckApp(App[int]):
 
 # Every class whose bindings the keymap may move: the app, its screens and its modals.
 KEYMAP_OWNERS = (FleetdeckApp, FleetScreen, GenerateScreen, TrainScreen, DecommissionScreen,
-                 ConfirmModal, HostKeyModal, ChoiceModal, RetryModal, ValueModal)
+                 FailuresScreen, ConfirmModal, HostKeyModal, ChoiceModal, RetryModal, ValueModal)

@@ -19,6 +19,7 @@ from console.tui.fetched import log_names
 from console.tui.messages import LogFetched, SamplesFetched
 from console.tui.port import ActionPort
 from console.tui.screens.decommission import DecommissionScreen
+from console.tui.screens.failures import FailuresScreen
 from console.tui.screens.node import GenerateScreen, NodeView
 from console.tui.widgets import figures as f
 from console.tui.widgets.confirm import ConfirmModal
@@ -276,6 +277,14 @@ class Controls:
             shown = self.port.shown
             if isinstance(shown, GenerateScreen):
                 shown.show_tab("tab-samples")
+
+    async def failures(self, node: str) -> None:
+        """The node's failures.jsonl by error class, on a screen of its own."""
+        if self.port.connected_link(node) is None:
+            self.port.report(node, "Failures failed: not connected", ok=False)
+            return
+        await self.port.open_screen(FailuresScreen(
+            node, partial(self.port.connected_link, node), self.port.clock))
 
     # -- artifacts ----------------------------------------------------------------------------
 

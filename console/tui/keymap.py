@@ -7,7 +7,7 @@ Binding ids are snake_case, one style for all:
   to the fleet) and `quit`;
 - a screen's or a modal's is `<screen>_<what>`: `confirm_yes`, `confirm_no`, `prompt_cancel`,
   `choice_cancel`, `retry_failed`, `retry_truncated`, `decommission_pull`,
-  `decommission_check`, `decommission_close`.
+  `decommission_check`, `decommission_close`, `failures_refresh`, `failures_close`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ so a handler gets what it needs and no more."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from textual.message import Message
@@ -26,6 +27,7 @@ class ActionPort(Protocol):
     fleet: Fleet
     state: FleetState
     fetched: dict[str, Fetched]
+    clock: Callable[[], float]  # the time ages on screen are computed from
 
     @property
     def shown(self) -> Screen[Any] | None:

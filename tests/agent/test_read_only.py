@@ -86,6 +86,7 @@ async def test_a_read_only_key_can_look_and_nothing_else(sshd: SshServer, run_di
             "hello from the engine"]
         assert len((await rpc.call("samples", n=3))["result"]["samples"]) == 3
         assert "items" in (await rpc.call("history"))["result"]
+        assert (await rpc.call("failures"))["result"]["complete"] is True  # reads, writes nothing
         assert "checks" in (await rpc.call("verify"))["result"]
         for method, params in MUTATING:
             reply = await rpc.call(method, who="root@elsewhere", **params)

@@ -3,6 +3,7 @@ times (everything is relative to T0, and the app's clock is frozen at NOW)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from console.fleet import ConsoleSettings, Fleet, Node
@@ -154,3 +155,39 @@ def samples() -> dict[str, Any]:
          "reasoning_tokens": 40, "reasoning_head": "I need the weather tool.",
          "content_head": "", "tool_calls": 1, "attempt": 1, "server": 0, "latency_s": 3.1},
     ]}
+
+
+def failure_summary() -> dict[str, Any]:
+    """A `failures` answer: a run whose server 3 went down and whose servers answered 503."""
+    def line(n: int, t: float, error: str, server: int | None, message: str) -> dict[str, Any]:
+        ev: dict[str, Any] = {"event": "failed", "time": t, "index": n * 7, "error": error,
+                              "message": message, "attempts": 3, "server": server}
+        return {"line": n, "text": json.dumps(ev, separators=(",", ":"))}
+
+    def group(error: str, count: int, first: float, last: float, servers: list[list[int]],
+              examples: list[dict[str, Any]], event: str = "failed",
+              no_server: int = 0) -> dict[str, Any]:
+        return {"event": event, "error": error, "count": count, "first": first, "last": last,
+                "servers": [{"server": s, "count": c} for s, c in servers],
+                "servers_more": 0, "no_server": no_server, "examples": examples}
+
+    busy = "The server is busy: the request queue is full, try again later"
+    return {"groups": [
+        group("http_503", 1_204, T0 - 5400, T0 + 95, [[2, 800], [5, 404]],
+              [line(12, T0 - 5400, "http_503", 2, busy), line(3_980, T0 + 80, "http_503", 5,
+                                                             busy),
+               line(4_011, T0 + 95, "http_503", 2, busy)]),
+        group("connect", 312, T0 - 600, T0 - 420, [[3, 312]],
+              [line(2_101, T0 - 600, "connect", 3, "Connection refused"),
+               line(2_412, T0 - 420, "connect", 3, "Connection refused")]),
+        group("deadline", 57, T0 - 3000, T0 + 60, [[3, 40], [1, 17]],
+              [{"line": 900, "text": '{"event":"requeued","time":1759997000.0,"index":8812,'
+                                     '"attempt":1,"what":"deadline","server":3,"message":'
+                                     '"no answer after 96.0 s (deadline 95.2 s)"}'}],
+              event="requeued"),
+        group("bad_input", 9, T0 - 7000, T0 - 6900, [],
+              [line(1, T0 - 7000, "bad_input", None, "line 18: not JSON")], no_server=9),
+        group("timeout", 3, T0 - 200, T0 - 100, [[6, 3]],
+              [line(3_300, T0 - 200, "timeout", 6, "ReadTimeout after 600 s")]),
+    ], "events": 1_585, "retries": 1, "other": 0, "unreadable": 0, "bytes_read": 1_912_044,
+        "bytes_total": 1_912_044, "complete": True, "lines": 1_586}

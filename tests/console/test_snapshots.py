@@ -7,13 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Input, Static
 
+from agents.rundir.schema import FailureSummary
 from console.artifacts.decommission import Checklist, Item
 from console.artifacts.pull import PullProgress
 from console.tui.app import FleetdeckApp
 from console.tui.screens.decommission import DecommissionScreen
+from console.tui.screens.failures import FailuresScreen
 from console.tui.screens.node import GenerateScreen, TrainScreen
 from console.tui.widgets.confirm import ConfirmModal
 from console.tui.widgets.hostkey import HostKeyModal
@@ -189,6 +192,20 @@ def test_decommission_screen(snap_compare: Any) -> None:
         screen.show_checklist(CHECKLIST)
         screen.show_progress(PullProgress(files_total=11, files_done=4, bytes_total=96_000_000,
                                           bytes_done=41_500_000))
+        await pilot.pause()
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_failures_screen(snap_compare: Any) -> None:
+    async def run_before(pilot: Any) -> None:
+        await quiet_gen(pilot)
+        app: FleetdeckApp = pilot.app
+        summary = msgspec.convert(d.failure_summary(), FailureSummary)
+        screen = FailuresScreen("gen-1", lambda: None, app.clock, summary=summary)
+        await app.push_screen(screen)
+        await until(pilot, lambda: on_screen(app, FailuresScreen), 60, "the failures screen")
+        await pilot.press("down")  # the second class, its example lines below
         await pilot.pause()
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)

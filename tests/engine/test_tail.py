@@ -267,6 +267,8 @@ def test_a_server_that_hangs_misses_deadlines_is_set_aside_and_its_work_goes_on(
         assert not failed and len(st.current) == n
         assert requeued and {e["what"] for e in requeued} == {"deadline"}
         assert all(e["attempt"] == 1 for e in requeued)
+        # each names the server and the miss, for the failures view
+        assert all(e["server"] == 1 and e["message"] for e in requeued), requeued
     progress = json.loads((engine.run_dir / "progress.json").read_text())
     assert progress["deadline_misses"] >= len(failed) + len(requeued) > 0
     assert progress["aborts_confirmed"] == progress["deadline_misses"]

@@ -268,3 +268,114 @@ async def test_the_tui_shows_hostile_names_escaped_and_keeps_running(sshd: SshSe
         shown = screen_text(app)
         assert not any(ch in shown for ch in ("\x1b", "\x07", "\x9b", "\r")), repr(shown)
         assert app.is_running
+
+
+# -- the failures view's answer ------------------------------------------------------------------
+
+def failure_group(**kw: Any) -> dict[str, Any]:
+    g: dict[str, Any] = {"event": "failed", "error": "http_503", "count": 7, "first": 1000.0,
+                         "last": 2000.0, "servers": [{"server": 0, "count": 7}],
+                         "servers_more": 0, "no_server": 0,
+                         "examples": [{"line": 3, "text": '{"event": "failed"}'}]}
+    g.update(kw)
+    return g
+
+
+def failure_summary(*groups: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    s: dict[str, Any] = {"groups": list(groups), "events": 7, "retries": 0, "other": 0,
+                         "unreadable": 0, "bytes_read": 100, "bytes_total": 100,
+                         "complete": True, "lines": 7}
+    s.update(kw)
+    return s
+
+
+BROKEN_FAILURES: list[Any] = [
+    pytest.param(failure_summary(failure_group(count=10**30)), ["count"], id="count-huge"),
+    pytest.param(failure_summary(failure_group(count=-1)), ["count"], id="count-negative"),
+    pytest.param(failure_summary(events=2**64), ["events"], id="events-huge"),
+    pytest.param(failure_summary(failure_group(count="many")), ["count"], id="count-a-string"),
+    pytest.param(failure_summary(groups="all of them"), ["groups"], id="groups-not-a-list"),
+    pytest.param(failure_summary(*[failure_group(error=f"http_{i}") for i in range(65)]),
+                 ["groups"], id="groups-too-many"),
+    pytest.param(failure_summary(failure_group(first=-5.0)), ["first"], id="time-negative"),
+    pytest.param(failure_summary(failure_group(error="x" * 10_000)), ["error"],
+                 id="class-huge"),
+    pytest.param(failure_summary(failure_group(examples=[{"line": 1, "text": "x" * 10**6}])),
+                 ["text"], id="example-huge"),
+    pytest.param(failure_summary(failure_group(servers=[{"server": i, "count": 1}
+                                                        for i in range(10_000)])),
+                 ["servers"], id="servers-too-many"),
+    pytest.param(failure_summary(failure_group(event="gave up")), ["event"],
+                 id="event-unknown"),
+    pytest.param(None, ["object"], id="null"),
+]
+
+
+@pytest.mark.parametrize(("answer", "names"), BROKEN_FAILURES)
+def test_a_broken_failures_answer_is_named_never_shown(node: HostileNode, answer: Any,
+                                                      names: list[str]) -> None:
+    node.answer({"failures": answer})
+    before = tree(node.watched)
+    out = node.fleetdeck("failures", "gen-1")
+    assert_refused(out, 2, ["gen-1", "unreadable failures answer", *names])
+    assert out.stdout == ""  # nothing of it shown as figures
+    assert_only_changed(before, tree(node.watched))
+
+
+def test_failures_text_from_the_node_reaches_the_terminal_escaped(node: HostileNode) -> None:
+    node.answer({"failures": failure_summary(
+        failure_group(error="http_5" + ESCAPES,
+                      examples=[{"line": 1, "text": "boom" + ESCAPES}]),
+        failure_group(event="requeued", error="why" + ESCAPES, count=10**15,
+                      servers=[{"server": 2**31, "count": 2**53}], servers_more=2**53))})
+    out = node.fleetdeck("failures", "gen-1")
+    assert out.code == 0, out.text
+    no_escape(out)
+    assert "\\x1b]0;pwned\\x07" in out.stdout and "boom\\x1b" in out.stdout
+    assert "1,000,000,000,000,000" in out.stdout  # a large honest count is shown as it is
+    out = node.fleetdeck("failures", "gen-1", "--json")
+    assert out.code == 0, out.text
+    no_escape(out)  # JSON escapes control characters itself
+    assert json.loads(out.stdout)["failures"]["groups"][0]["error"] == "http_5" + ESCAPES
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["escaped", "out-of-bounds"])
+async def test_the_tui_failures_screen_shows_hostile_text_escaped(sshd: SshServer,
+                                                                 tmp_path: Path,
+                                                                 bad: bool) -> None:
+    """Terminal escapes and Textual markup in a failures answer (a class, an example line)
+    are shown escaped on the failures screen, and the TUI goes on; an answer out of bounds
+    is named there, never drawn."""
+    from textual.widgets import DataTable, Label
+
+    from console.fleet import load_fleet
+    from console.tui.app import FleetdeckApp
+    from console.tui.screens.failures import FailuresScreen
+    from tests.console.conftest import on_screen, until
+    from tests.console.screen import screen_text
+
+    node = FakeNode(sshd, tmp_path, tmp_path / "pulls")
+    snap = snapshot(run="fine", status="running")
+    group = failure_group(count=-1) if bad else failure_group(
+        error="http_5[/]" + ESCAPES,
+        examples=[{"line": 1, "text": "[@click=app.quit]boom[/]" + ESCAPES}])
+    node.answer({"subscribe": snap, "status": snap, "failures": failure_summary(group)})
+    app = FleetdeckApp(load_fleet(node.fleet))
+    async with app.run_test(size=(180, 50)) as pilot:
+        await until(pilot, lambda: app.state.nodes["gen-1"].snapshot is not None, 120,
+                    "the snapshot")
+        await pilot.press("F")
+        screen = await until(pilot, lambda: on_screen(app, FailuresScreen), 60, "the screen")
+        assert isinstance(screen, FailuresScreen)
+        if bad:
+            headline = screen.query_one("#failures-headline", Label)
+            await until(pilot, lambda: "unreadable failures answer" in str(headline.render()),
+                        120, "the bad answer named")
+            assert screen.query_one("#failures-table", DataTable).row_count == 0
+        else:
+            await until(pilot, lambda: "[@click=app.quit]boom[/]\\x1b]0;pwned" in
+                        screen_text(app), 120, "the example line, escaped")
+            assert "http_5[/]\\x1b]0;pwned\\x07" in screen_text(app)
+        shown = screen_text(app)
+        assert not any(ch in shown for ch in ("\x1b", "\x07", "\x9b", "\r")), repr(shown)
+        assert app.is_running and not app.render_errors

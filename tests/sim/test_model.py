@@ -188,8 +188,8 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimHandle]:
 
 
 def set_faults(sim: SimHandle, **faults: Any) -> None:
-    base = {"error_rate": 0, "hang_rate": 0, "garbage_rate": 0, "empty_rate": 0,
-            "slow_factor": 1}
+    base = {"error_rate": 0, "error_status": 500, "hang_rate": 0, "garbage_rate": 0,
+            "empty_rate": 0, "slow_factor": 1}
     resp = httpx.post(f"{sim.url}/sim/faults", json={**base, **faults})
     assert resp.status_code == 200, resp.text
 
@@ -204,6 +204,10 @@ def test_error_garbage_empty(faulty: SimHandle) -> None:
         assert err["object"] == "error" and err["code"] == 500 and err["message"]
         native = httpx.post(f"{url}/generate", json={"text": "x"})
         assert native.status_code == 500 and native.json()["error"]["message"]
+
+        set_faults(faulty, error_rate=1, error_status=429)  # the status it is told
+        resp = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 10})
+        assert resp.status_code == 429 and resp.json()["code"] == 429
 
         set_faults(faulty, garbage_rate=1)
         resp = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "max_tokens": 10})
@@ -227,6 +231,8 @@ def test_error_garbage_empty(faulty: SimHandle) -> None:
     bad = httpx.post(f"{url}/sim/faults", json={"error_rate": 2})
     assert bad.status_code == 400 and "error_rate" in bad.json()["error"]
     assert httpx.post(f"{url}/sim/faults", json={"nope": 1}).status_code == 400
+    bad = httpx.post(f"{url}/sim/faults", json={"error_status": 200})
+    assert bad.status_code == 400 and "error_status" in bad.json()["error"]
 
 
 def test_hang_is_counted_and_released_on_disconnect(faulty: SimHandle) -> None:
