@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,30 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10_000  # below this: well-known and registered services
 _random = random.SystemRandom()
+# A port drawn here is claimed for CLAIM_S by a file of that name, which every other draw on
+# the machine skips: a server binds its port only seconds (SeaweedFS's several) to minutes
+# (SGLang, after loading) after the draw, and a test run beside another, or four workers,
+# drew the same free port in that window (ci: SeaweedFS exited 1 at start).
+CLAIMS = Path(tempfile.gettempdir()) / f"fleetdeck-port-claims-{os.getuid()}"
+CLAIM_S = 900.0
+
+
+def _claim(port: int) -> bool:
+    """Claim `port` for CLAIM_S; False when another draw claimed it less than CLAIM_S ago."""
+    CLAIMS.mkdir(mode=0o700, exist_ok=True)
+    path = CLAIMS / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        pass
+    try:
+        if time.time() - path.stat().st_mtime < CLAIM_S:
+            return False
+        os.utime(path)  # an old claim: its server is long up, or gone
+        return True
+    except OSError:
+        return False
 
 
 def _ephemeral_start() -> int:
@@ -64,7 +89,8 @@ def port_block(n: int) -> int:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 socks.append(s)
                 s.bind(("127.0.0.1", base + i))
-            return base
+            if all(_claim(base + i) for i in range(n)):
+                return base
         except OSError:
             continue
         finally:
@@ -86,11 +112,14 @@ def free_ports(n: int) -> list[int]:
         tries = 0
         while len(socks) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            port = _random.choice(pool) if pool is not None and tries < 1000 else 0
+            port = _random.choice(pool) if pool is not None and tries < 1000 + 50 * n else 0
             tries += 1
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                s.close()
+                continue
+            if port and not _claim(port):
                 s.close()
                 continue
             socks.append(s)

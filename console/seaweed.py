@@ -161,14 +161,37 @@ def start_s3(folder: Path, bucket: str | None = None) -> S3Server:
             }
         )
     )
-    ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
-    server = S3Server(
-        endpoint_url=f"http://127.0.0.1:{ports['s3.port']}",
-        access_key=access_key,
-        secret_key=secret_key,
-        bucket=bucket or f"fleetdeck-test-{uuid.uuid4().hex[:8]}",
-        folder=folder,
-        ports=ports,
-    )
-    server.start()
-    return server
+    bucket = bucket or f"fleetdeck-test-{uuid.uuid4().hex[:8]}"
+    for attempt in range(1, START_ATTEMPTS + 1):
+        ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
+        server = S3Server(
+            endpoint_url=f"http://127.0.0.1:{ports['s3.port']}",
+            access_key=access_key,
+            secret_key=secret_key,
+            bucket=bucket,
+            folder=folder,
+            ports=ports,
+        )
+        try:
+            server.start()
+            return server
+        except RuntimeError as exc:  # it exited while starting
+            said = _tail(folder / "weed.out")
+            taken = "Port allocation failed" in said or "address already in use" in said
+            if attempt == START_ATTEMPTS or not taken:
+                raise RuntimeError(f"{exc}; it said: {said[-1500:]}") from None
+    raise AssertionError("unreachable")
+
+
+# Ten ports are drawn for a start, and another program may bind one of them before SeaweedFS
+# does: such a start is tried again on new ports.
+START_ATTEMPTS = 3
+
+
+def _tail(log: Path) -> str:
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 4096))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
