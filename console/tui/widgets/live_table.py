@@ -1,17 +1,37 @@
 """A DataTable kept in step with live rows: rows added and removed, and only the cells that
-changed updated. Columns have fixed widths where they can: a width change makes DataTable
-measure every cell again, which costs more than the update itself."""
+changed rendered again, and only the changed rows in view painted again.
+
+Why it reaches into DataTable: `update_cell` bumps the table's update count, which keys every
+one of its render caches, so one changed cell renders every row in view again, and it repaints
+the whole widget. At 128 rows changing once a second that was most of the console's time. Here
+a changed cell is written into the table's data without the bump; the cache entries of that
+cell, its row and its line are dropped (the caches are replaced by ones that know their keys
+by row), and only that row's region is refreshed, which Textual skips when it is out of view.
+This uses DataTable's private `_data`, `_row_locations`, `_update_count` and four render
+caches, and their key layouts; Textual is pinned exactly (pyproject.toml) and
+tests/console/test_live_table.py fails if an upgrade changes them.
+
+Rows are one line high (add_row's default). Columns have fixed widths where they can: a
+width change makes DataTable measure every cell again and render everything."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
 
 from rich.text import Text
+from textual.cache import LRUCache
+from textual.geometry import Region
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 Cell = Text | str
 Row = tuple[Cell, ...]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+PRUNE_AT = 64  # keys kept per row before the ones the cache evicted are let go
 
 
 def same(a: Cell, b: Cell) -> bool:
@@ -21,6 +41,42 @@ def same(a: Cell, b: Cell) -> bool:
     return a == b
 
 
+class RowKeyedCache(LRUCache[K, V], Generic[K, V]):
+    """DataTable's LRU render cache, also knowing its keys by the part of the key that names a
+    row (a cell, a line), so that one row's entries can be dropped."""
+
+    def __init__(self, maxsize: int, part: Callable[[K], Hashable]) -> None:
+        super().__init__(maxsize)
+        self._part = part
+        self._by_part: dict[Hashable, set[K]] = {}
+
+    def set(self, key: K, value: V) -> None:
+        super().set(key, value)
+        keys = self._by_part.setdefault(self._part(key), set())
+        keys.add(key)
+        if len(keys) > PRUNE_AT:  # a row the cursor crossed often: forget what LRU dropped
+            keys.intersection_update(self.keys())
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.set(key, value)
+
+    def clear(self) -> None:
+        super().clear()
+        self._by_part.clear()
+
+    def drop(self, part: Hashable) -> None:
+        for key in self._by_part.pop(part, ()):
+            self.discard(key)
+
+
+def _cell_part(key: tuple[Any, ...]) -> Hashable:
+    return key[0], key[1]  # (row key, column key, styles...)
+
+
+def _first_part(key: tuple[Any, ...]) -> Hashable:
+    return key[0]  # the row key (row cache) or the line's y (line cache)
+
+
 class LiveTable(DataTable[Cell]):
     # (key, label, width); width None: fit the content (for columns that rarely change)
     COLUMNS: ClassVar[Sequence[tuple[str, str, int | None]]] = ()
@@ -28,6 +84,14 @@ class LiveTable(DataTable[Cell]):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, id=id, classes=classes)
         self._rows: dict[str, Row] = {}
+        # DataTable's own sizes; typed here as what they are, for drop()
+        self._cells: RowKeyedCache[Any, Any] = RowKeyedCache(10000, _cell_part)
+        self._row_lines: RowKeyedCache[Any, Any] = RowKeyedCache(1000, _first_part)
+        self._lines: RowKeyedCache[Any, Any] = RowKeyedCache(1000, _first_part)
+        self._cell_render_cache = self._cells
+        self._row_render_cache = self._row_lines
+        self._line_cache = self._lines
+        self._fits = frozenset(key for key, _label, width in self.COLUMNS if width is None)
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
@@ -41,11 +105,39 @@ class LiveTable(DataTable[Cell]):
             old = self._rows.get(key)
             if old is None:
                 self.add_row(*row, key=key)
-            else:
-                for i, (col, _label, width) in enumerate(self.COLUMNS):
-                    if not old or not same(row[i], old[i]):
-                        self.update_cell(key, col, row[i], update_width=width is None)
+            elif old is not row:
+                self._update_row(key, old, row)
             self._rows[key] = row
+
+    def _update_row(self, key: str, old: Row, row: Row) -> None:
+        """Write the cells that changed; a fitted column's change goes the whole way (it may
+        change the column's width, and so every row); the others drop their row's caches."""
+        row_key = RowKey(key)
+        data = self._data[row_key]
+        changed = False
+        for i, (col, _label, _width) in enumerate(self.COLUMNS):
+            if old and same(row[i], old[i]):
+                continue
+            if col in self._fits:
+                self.update_cell(key, col, row[i], update_width=True)
+                continue
+            column_key = ColumnKey(col)
+            data[column_key] = row[i]
+            self._cells.drop((row_key, column_key))
+            changed = True
+        if changed:
+            self._repaint_row(row_key)
+
+    def _repaint_row(self, row_key: RowKey) -> None:
+        index = self._row_locations.get(row_key)
+        if index is None:
+            return
+        y = index + (self.header_height if self.show_header else 0)  # rows are a line high
+        self._row_renderable_cache.discard((self._update_count, index))
+        self._row_lines.drop(row_key)
+        self._lines.drop(y)
+        # DataTable's refresh_row, less its sum over every row above: nothing out of view
+        self._refresh_region(Region(0, y, max(self.size.width, self.virtual_size.width), 1))
 
     def forget(self) -> None:
         """Redraw every cell next time (after a theme change)."""

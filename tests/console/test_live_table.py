@@ -1,0 +1,171 @@
+"""LiveTable (console/tui/widgets/live_table.py) through Pilot: a changed cell is drawn again
+and an unchanged one is not, a row out of view is not drawn until it comes into view, sort
+order and the cursor survive updates, and a fitted column still fits. LiveTable reaches into
+DataTable's private caches; these tests are what a Textual upgrade must pass."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
+
+from console.tui.widgets.live_table import LiveTable, Row, RowKeyedCache
+
+ROWS = 100
+SIZE = (60, 12)  # the header and ~10 rows in view
+
+
+class Table(LiveTable):
+    COLUMNS = (("name", "Name", None), ("a", "A", 8), ("b", "B", 8))
+
+
+class TableApp(App[None]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.selected: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Table()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.selected.append(str(event.row_key.value))
+
+
+def rows(**values: tuple[str, str]) -> dict[str, Row]:
+    """r00..r99, each with a, b = "0", "0" unless given."""
+    out: dict[str, Row] = {}
+    for i in range(ROWS):
+        key = f"r{i:02d}"
+        a, b = values.get(key, ("0", "0"))
+        out[key] = (Text(key, style="bold"), Text(a), Text(b, style="dim"))
+    return out
+
+
+def drawn_cells(table: Table) -> Counter[tuple[str, str]]:
+    """(row, column) of every cell rendered from now on (a render fills the cell cache)."""
+    seen: Counter[tuple[str, str]] = Counter()
+    cache = table._cell_render_cache
+    assert isinstance(cache, RowKeyedCache)
+    put = cache.set
+
+    def counting(key: Any, value: Any) -> None:
+        row, column = key[0], key[1]
+        assert isinstance(row, RowKey) and isinstance(column, ColumnKey), key  # the layout
+        seen[(str(row.value), str(column.value))] += 1
+        put(key, value)
+
+    cache.set = counting  # type: ignore[method-assign]
+    return seen
+
+
+def line_text(table: Table, key: str) -> str:
+    """The row's line as painted now (the table's content, scrolled)."""
+    index = table.get_row_index(key)
+    y = index - int(table.scroll_y) + (table.header_height if table.show_header else 0)
+    return table.render_line(y).text
+
+
+async def started(pilot: Any) -> Table:
+    table = pilot.app.query_one(Table)
+    table.sync(rows())
+    await pilot.pause()
+    await pilot.pause()
+    table.refresh()  # drawn whole once more, after the resize the scroll bar made
+    await pilot.pause()
+    await pilot.pause()
+    return table
+
+
+async def test_a_changed_cell_is_drawn_again_and_the_rest_of_the_table_is_not() -> None:
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await started(pilot)
+        seen = drawn_cells(table)
+        updates = table._update_count
+        table.sync(rows(r03=("7", "0")))
+        await pilot.pause()
+        await pilot.pause()
+        assert seen == Counter({("r03", "a"): 1}), seen
+        assert "7" in line_text(table, "r03")
+        assert table.get_cell("r03", "a").plain == "7"
+        assert table._update_count == updates  # no full redraw was asked for
+        # The same rows again: nothing is drawn.
+        seen.clear()
+        table.sync(rows(r03=("7", "0")))
+        await pilot.pause()
+        assert not seen, seen
+
+
+async def test_a_row_out_of_view_is_drawn_only_when_it_comes_into_view() -> None:
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await started(pilot)
+        seen = drawn_cells(table)
+        table.sync(rows(r80=("8", "8")))
+        await pilot.pause()
+        await pilot.pause()
+        assert not seen, seen  # r80 is far below the window
+        assert table.get_cell("r80", "a").plain == "8"
+        table.move_cursor(row=80)
+        await pilot.pause()
+        await pilot.pause()
+        assert seen[("r80", "a")] >= 1 and seen[("r80", "b")] >= 1, seen
+        assert "8" in line_text(table, "r80")
+
+
+async def test_sort_order_and_the_cursor_survive_updates() -> None:
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await started(pilot)
+        table.sync(rows(r05=("9", "0"), r06=("5", "0")))
+        table.sort("a", key=lambda cell: int(cell.plain), reverse=True)
+        await pilot.pause()
+        assert [str(r.key.value) for r in table.ordered_rows[:2]] == ["r05", "r06"]
+        table.move_cursor(row=1)
+        await pilot.pause()
+        assert table.selected_key == "r06"
+        table.sync(rows(r05=("9", "1"), r06=("5", "1")))  # cells change, the order stays
+        await pilot.pause()
+        await pilot.pause()
+        assert [str(r.key.value) for r in table.ordered_rows[:2]] == ["r05", "r06"]
+        assert table.selected_key == "r06"
+        assert "1" in line_text(table, "r06")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.selected == ["r06"]
+
+
+async def test_a_fitted_column_widens_for_a_longer_cell_and_rows_come_and_go() -> None:
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await started(pilot)
+        width = table.columns[ColumnKey("name")].get_render_width(table)
+        new = rows()
+        new["r01"] = (Text("r01 with a long name", style="bold"), *new["r01"][1:])
+        del new["r02"]
+        new["r100"] = (Text("r100"), Text("1"), Text("1"))
+        table.sync(new)
+        await pilot.pause()
+        await pilot.pause()
+        assert table.columns[ColumnKey("name")].get_render_width(table) > width
+        assert "r01 with a long name" in line_text(table, "r01")
+        assert "r02" not in [str(k.value) for k in table.rows]
+        assert table.row_count == ROWS
+        assert table.get_cell("r100", "a").plain == "1"
+
+
+async def test_forget_draws_every_row_in_view_again() -> None:
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await started(pilot)
+        seen = drawn_cells(table)
+        table.forget()
+        table.sync(rows())
+        await pilot.pause()
+        await pilot.pause()
+        # Equal cells are written again (a theme change restyles them) and so drawn again.
+        assert {row for row, _column in seen} >= {"r00", "r05"}, seen
