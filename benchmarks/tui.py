@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import statistics
@@ -236,7 +237,7 @@ class Timed:
 async def run_fleetdeck(lines: list[list[bytes]], names: list[str], gpus: int, seconds: float,
                         node_seconds: float) -> list[dict[str, Any]]:
     fleet = make_fleet(len(names))
-    app = FleetdeckApp(fleet, connect=False)
+    app = FleetdeckApp(fleet, connect=False, quiet_gc=True)  # as fleetdeck runs it
     encode_frames(app)
     timed = Timed(app)
     results = []
@@ -348,7 +349,10 @@ def main() -> int:
           "bare DataTable", flush=True)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} CPUs)", flush=True)
+    defaults = gc.get_threshold()
     ours = asyncio.run(run_fleetdeck(lines, names, args.gpus, fleet_s, node_s))
+    gc.unfreeze()  # the baseline with Python's collector as it comes
+    gc.set_threshold(*defaults)
     bare = asyncio.run(run_bare(lines, names, int(args.seconds)))
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
     print("\ncolumns (CPU time): CPU share of one core; p95 of an update's decode + state; of "
