@@ -169,3 +169,72 @@ async def test_forget_draws_every_row_in_view_again() -> None:
         await pilot.pause()
         # Equal cells are written again (a theme change restyles them) and so drawn again.
         assert {row for row, _column in seen} >= {"r00", "r05"}, seen
+
+
+def straight_and_rich(table: LiveTable) -> tuple[int, list[str]]:
+    """Every cell in the table drawn straight (LiveTable._one_line) and Rich's way
+    (DataTable._render_cell), with and without the cursor and the hover on it: how many
+    were drawn straight, and each difference."""
+    straight, differences = 0, []
+    for row in range(table.row_count):
+        style = table._get_row_style(row, table.rich_style)
+        row_key = table._row_locations.get_key(row)
+        for column, col in enumerate(table.ordered_columns):
+            width = col.get_render_width(table)
+            for cursor in (False, True):
+                for hover in (False, True):
+                    fast = table._one_line(row_key, col.key, row, column, style, width,
+                                           cursor, hover)
+                    if fast is None:
+                        continue
+                    straight += 1
+                    table._cell_render_cache.clear()
+                    rich = DataTable._render_cell(table, row, column, style, width, cursor,
+                                                  hover)
+                    if fast != rich:
+                        differences.append(f"{row_key.value}/{col.key.value} cursor={cursor} "
+                                           f"hover={hover}:\n {fast}\n {rich}")
+    return straight, differences
+
+
+async def test_a_one_line_cell_drawn_straight_is_drawn_as_rich_draws_it() -> None:
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await started(pilot)
+        cells: list[Any] = [
+            Text(""), Text("", style="bold"), "plain", "", "[b]markup[/b]", ":smile:",
+            Text("spans", style="dim"), Text.assemble(("  └ ", "dim"), ("gen-1", "bold"), " x"),
+            Text("12345678"), Text("123456789"),  # fits exactly; one too long (Rich's way)
+            Text("ends\n"), Text("a\tb"), Text("°C – ▁▃▅", style="italic red on blue"),
+            Text("right", justify="right"), Text("6 wide 中文"),
+        ]
+        table.sync({f"c{i:02d}": (Text(f"c{i:02d}", style="bold"), cell, Text("x"))
+                    for i, cell in enumerate(cells)})
+        await pilot.pause()
+        await pilot.pause()
+        straight, differences = straight_and_rich(table)
+        assert not differences, "\n".join(differences)
+        assert straight >= 4 * 2 * len(cells), straight
+
+
+async def test_the_fleet_and_gpu_tables_draw_straight_as_rich_does() -> None:
+    from console.tui.app import FleetdeckApp
+    from console.tui.screens.node import GenerateScreen
+    from console.tui.widgets.fleet_table import FleetTable
+    from console.tui.widgets.gpu_table import GpuTable
+    from tests.console.test_snapshots import fed_app, feed, shown
+
+    app = fed_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await feed(pilot)
+        assert isinstance(app, FleetdeckApp)
+        fleet = app.query_one(FleetTable)
+        straight, differences = straight_and_rich(fleet)
+        assert not differences, "\n".join(differences)
+        assert straight >= 4 * fleet.row_count * 9, straight
+        await pilot.press("enter")
+        await shown(pilot, GenerateScreen)
+        gpus = app.screen.query_one(GpuTable)
+        straight, differences = straight_and_rich(gpus)
+        assert not differences, "\n".join(differences)
+        assert straight >= 4 * gpus.row_count * 13, straight

@@ -11,6 +11,11 @@ This uses DataTable's private `_data`, `_row_locations`, `_update_count` and fou
 caches, and their key layouts; Textual is pinned exactly (pyproject.toml) and
 tests/console/test_live_table.py fails if an upgrade changes them.
 
+A cell that is one line of text and fits its column (every cell of the fleet and GPU tables,
+as a rule) is drawn straight to segments: the same segments Rich's Padding, Textual's Styled
+and Console.render_lines make of it (tests/console/test_live_table.py compares them), at a
+tenth of their cost. Anything else goes Rich's way.
+
 Rows are one line high (add_row's default). Columns have fixed widths where they can: a
 width change makes DataTable measure every cell again and render everything."""
 
@@ -19,7 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
-from rich.text import Text
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Span, Text
 from textual.cache import LRUCache
 from textual.geometry import Region
 from textual.widgets import DataTable
@@ -138,6 +146,77 @@ class LiveTable(DataTable[Cell]):
         self._lines.drop(y)
         # DataTable's refresh_row, less its sum over every row above: nothing out of view
         self._refresh_region(Region(0, y, max(self.size.width, self.virtual_size.width), 1))
+
+    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
+                     cursor: bool = False, hover: bool = False) -> list[list[Segment]]:
+        """DataTable's, with a data cell that is one line of text drawn straight to segments,
+        cached under DataTable's own key."""
+        if row_index >= 0 and column_index >= 0 and not (self.fixed_rows or self.fixed_columns):
+            row_key = self._row_locations.get_key(row_index)
+            column_key = self._column_locations.get_key(column_index)
+            key = (row_key, column_key, base_style, cursor, hover, self._show_hover_cursor,
+                   self._update_count, self._pseudo_class_state)
+            lines: list[list[Segment]] | None = self._cells.get(key)
+            if lines is None and row_key is not None and column_key is not None:
+                lines = self._one_line(row_key, column_key, row_index, column_index,
+                                       base_style, width, cursor, hover)
+                if lines is not None:
+                    self._cells[key] = lines
+            if lines is not None:
+                return lines
+        return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+
+    def _one_line(self, row_key: RowKey, column_key: ColumnKey, row_index: int,
+                  column_index: int, base_style: Style, width: int, cursor: bool,
+                  hover: bool) -> list[list[Segment]] | None:
+        """What Styled(Padding(cell, (0, pad)), pre, post) renders to at `width` and height
+        1, for a cell of one line of text that fits; None for any other cell."""
+        row = self.rows.get(row_key)
+        if row is None or row.height != 1 or row.auto_height:
+            return None
+        cell = self._data[row_key].get(column_key)
+        if isinstance(cell, str):
+            if "[" in cell or ":" in cell:  # markup or an emoji code: Rich's way
+                return None
+            cell = Text(cell, end="")
+        if not isinstance(cell, Text):
+            return None
+        plain = cell.plain
+        pad = self.cell_padding
+        inner = width - 2 * pad
+        options = self.app.console_options
+        if (not plain or "\n" in plain or "\t" in plain or len(plain) > inner
+                or cell_len(plain) > inner
+                or (cell.justify or options.justify or "default") != "default"):
+            return None
+        component, post = self._get_styles_to_render_cell(
+            False, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor,
+            self.cursor_foreground_priority == "css", self.cursor_background_priority == "css")
+        pre = base_style + Style.from_meta({"row": row_index, "column": column_index}) \
+            + component
+
+        def styled(style: Style | None) -> Style | None:  # Segment.apply_style's rule
+            if pre:
+                style = pre + style
+            if post:
+                style = style + post if style else post
+            return style
+
+        blank = styled(Style.null())
+        line = [Segment(" " * pad, blank)] if pad else []
+        # Text("\n").join of the one line, as Text.__rich_console__ renders it (an empty cell
+        # renders an empty segment too: left to Rich)
+        spans = [Span(0, len(plain), cell.style)] if cell.style else []
+        spans += cell.spans
+        parts = Text(plain, spans=spans).render(self.app.console) if spans \
+            else [Segment(plain)]
+        line += [Segment(part.text, styled(part.style)) for part in parts if part.text]
+        fill = inner - cell_len(plain)
+        if fill:
+            line.append(Segment(" " * fill, blank))
+        if pad:
+            line.append(Segment(" " * pad, blank))
+        return [line]
 
     def forget(self) -> None:
         """Redraw every cell next time (after a theme change)."""
