@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from console.fleet import ConsoleSettings, Fleet, Node  # noqa: E402
+from console.transport import status_snapshot  # noqa: E402
 from console.tui import app as app_module  # noqa: E402
 from console.tui.app import FleetdeckApp  # noqa: E402
 from console.tui.widgets.fleet_table import FLEET_COLUMNS  # noqa: E402
@@ -222,8 +223,9 @@ class Timed:
 
     def apply(self, name: str, line: bytes) -> None:
         t = time.process_time()
-        msg = msgspec.json.decode(line)  # what AgentLink._read_loop does with each line
-        self.app.ingest(name, msg["params"])
+        snap = status_snapshot(line)  # what AgentLink._read_loop does with each line
+        assert snap is not None
+        self.app.ingest(name, snap)
         dt = time.process_time() - t
         if self.recording:
             self.applies.append(dt)
