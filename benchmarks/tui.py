@@ -47,6 +47,7 @@ from console.tui.app import FleetdeckApp  # noqa: E402
 from console.tui.widgets.fleet_table import FLEET_COLUMNS  # noqa: E402
 
 SIZE = (160, 48)
+WARM_S = 2  # seconds fed before each view is measured
 T0 = time.time()
 
 
@@ -247,7 +248,9 @@ async def run_fleetdeck(lines: list[list[bytes]], names: list[str], gpus: int, s
         for name in names:
             app.state.set_link(name, "connected", None)
         timed.recording = False
-        await feed(lines, names, 1, timed.apply)  # warm-up: rows created, columns sized
+        # Start-up is not counted: rows created, columns sized, and the layouts that follow
+        # (they land in the next second's first tick)
+        await feed(lines, names, WARM_S, timed.apply)
         await pilot.pause()
         timed.reset()
         timed.recording = True
@@ -259,7 +262,7 @@ async def run_fleetdeck(lines: list[list[bytes]], names: list[str], gpus: int, s
         await pilot.press("enter")  # the first node's screen
         await pilot.pause()
         timed.recording = False
-        await feed(lines, names, 1, timed.apply)
+        await feed(lines, names, WARM_S, timed.apply)
         timed.reset()
         timed.recording = True
         wall, cpu, count = await feed(lines, names, node_seconds, timed.apply)

@@ -1,5 +1,5 @@
 """LiveStatic (console/tui/widgets/live_static.py) through Pilot: drawn only when its text
-changed, and laid out only when its size may have."""
+changed, and laid out only when its height changed."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class LineApp(App[None]):
         yield LiveStatic(id="line")
 
 
-async def test_a_live_static_lays_out_only_when_its_size_may_change() -> None:
+async def test_a_live_static_lays_out_only_when_its_height_changes() -> None:
     app = LineApp()
     async with app.run_test(size=(60, 12)) as pilot:
         line = app.query_one("#line", LiveStatic)
@@ -27,16 +27,24 @@ async def test_a_live_static_lays_out_only_when_its_size_may_change() -> None:
             calls.append(bool(kw.get("layout")))
             return refresh(*regions, **kw)
 
-        line.refresh = spy  # type: ignore[method-assign]
         line.draw(Text("rate 1.2/s"))
-        line.draw(Text("rate 1.2/s"))  # as drawn: nothing
-        assert calls == [True]
-        line.draw(Text("rate 3.4/s"))  # same words' widths: a repaint, no layout
-        assert calls == [True, False]
-        line.draw(Text("rate 3.4/s", style="bold"))  # a style: a repaint
-        assert calls == [True, False, False]
-        line.draw(Text("rate 12.4/s"))  # a wider word may wrap: a layout
-        assert calls == [True, False, False, True]
         await pilot.pause()
-        assert "rate 12.4/s" in str(line.render())
-
+        line.refresh = spy  # type: ignore[method-assign]
+        line.draw(Text("rate 1.2/s"))  # as drawn: nothing
+        assert calls == []
+        line.draw(Text("rate 3.4/s"))  # same words' widths: a repaint, no layout
+        assert calls == [False]
+        line.draw(Text("rate 3.4/s", style="bold"))  # a style: a repaint
+        assert calls == [False, False]
+        line.draw(Text("rate 12.4/s"))  # a wider word, still one line: measured, no layout
+        assert calls == [False, False, False]
+        line.draw(Text("rate 12.4/s\nand a second line"))  # taller: a layout
+        assert calls == [False, False, False, False, True]
+        await pilot.pause()
+        assert line.size.height == 2
+        assert "and a second line" in str(line.render())
+        wide = "word " * 30  # wraps at 60 columns: taller
+        line.draw(Text(wide.strip()))
+        assert calls[-1] is True
+        await pilot.pause()
+        assert line.size.height > 1

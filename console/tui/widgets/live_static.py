@@ -1,7 +1,8 @@
 """A Static redrawn from live figures: updated only when its text changed, and laid out only
-when its size may have. A Static's update lays the whole screen out again by default (every
-widget's box measured, the run panel's grid rendered to learn its height), which at a redraw
-tick or two a second was most of a node view's cost; a figure that changes keeps its size."""
+when its height changed. A Static's update lays the whole screen out again by default (every
+widget's box measured, the run panel's grid rendered to learn its height: ~25 ms at 128 nodes),
+which at a redraw tick or two a second was most of a node view's cost; a figure that changes
+keeps its size."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ class LiveStatic(Static):
         super().__init__(content, id=id, classes=classes)
         self._key: Hashable = None
         self._shape: Hashable = None
+        self._measured: tuple[int, int | None] = (0, None)  # (width, content height)
 
     def draw(self, content: RenderableType, texts: Sequence[Text] | None = None) -> None:
         """Draw `content`, a Text, or a renderable made of `texts` (and of nothing else that
@@ -47,6 +49,13 @@ class LiveStatic(Static):
             return
         shape = tuple(text_shape(t) for t in texts) if texts else None
         sized = self.styles.height is not None and not self.styles.height.is_auto
-        layout = not sized and (shape is None or shape != self._shape)
+        may_change = not sized and (shape is None or shape != self._shape)
         self._key, self._shape = key, shape
-        self.update(content, layout=layout)
+        self.update(content, layout=False)
+        if may_change:  # measured as the layout would: a layout only if the height changed
+            width = self.size.width
+            size = self.size  # a Static is no container: get_content_height reads only width
+            height = self.get_content_height(size, size, width) if width else None
+            if height is None or (width, height) != self._measured:
+                self.refresh(layout=True)
+            self._measured = (width, height)
