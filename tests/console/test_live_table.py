@@ -238,3 +238,40 @@ async def test_the_fleet_and_gpu_tables_draw_straight_as_rich_does() -> None:
         straight, differences = straight_and_rich(gpus)
         assert not differences, "\n".join(differences)
         assert straight >= 4 * gpus.row_count * 13, straight
+
+
+async def test_a_row_given_as_a_function_is_built_only_in_view() -> None:
+    app = TableApp()
+    async with app.run_test(size=SIZE) as pilot:
+        table = await started(pilot)
+        built: list[str] = []
+
+        def source(key: str, row: Row) -> Any:
+            def build() -> Row:
+                built.append(key)
+                return row
+            return build
+
+        new = rows(r03=("3", "3"), r80=("8", "8"))
+        table.sync({key: source(key, row) for key, row in new.items()})
+        await pilot.pause()
+        await pilot.pause()
+        assert "r03" in built and "r80" not in built, built
+        assert len(built) < 20, built  # the window and its margin, not the table
+        assert "3" in line_text(table, "r03")
+        assert table.get_cell("r80", "a").plain == "0"  # as last built
+        table.move_cursor(row=80)  # scrolled into view: built as it is drawn
+        await pilot.pause()
+        await pilot.pause()
+        assert "r80" in built
+        assert table.get_cell("r80", "a").plain == "8"
+        assert "8" in line_text(table, "r80")
+        # Out of view again and changed again: the newest source is the one drawn.
+        table.move_cursor(row=0)
+        await pilot.pause()
+        table.sync({key: source(key, row) for key, row in rows(r80=("9", "9")).items()})
+        await pilot.pause()
+        table.move_cursor(row=80)
+        await pilot.pause()
+        await pilot.pause()
+        assert "9" in line_text(table, "r80")

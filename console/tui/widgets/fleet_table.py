@@ -1,9 +1,11 @@
 """The fleet view's table: a row per node (role, run, status, progress, rate, ETA with its
 p10-p90 band, failures, alerts, contact), and a row per campaign above its nodes with the same
-figures rolled up (console/campaign.py). Only cells that changed are redrawn, so a 32-node
-fleet stays cheap."""
+figures rolled up (console/campaign.py). A node's row is built only when in view and its
+figures changed, and only cells that changed are drawn again (LiveTable)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from rich.text import Text
 from textual.theme import Theme
@@ -13,7 +15,7 @@ from console.queue.rollup import GIVEN_BACK, Rollup, from_state
 from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
-from console.tui.widgets.live_table import LiveTable, Row
+from console.tui.widgets.live_table import LiveTable, Row, RowSource
 from console.tui.widgets.tones import LINK_TONE, RUN_TONE, style, toned
 
 FLEET_COLUMNS = (("node", "Node", None), ("role", "Role", 8), ("run", "Run", 20),
@@ -143,7 +145,7 @@ class FleetTable(LiveTable):
     def show(self, state: FleetState, now: float, theme: Theme) -> None:
         """Each campaign's row, then its nodes; then the nodes of no campaign. Campaign and
         node names never clash (the fleet file refuses it), so each names its own row."""
-        rows: dict[str, Row] = {}
+        rows: dict[str, RowSource] = {}  # a node's row is built only in view
         self._campaigns = {c.name for c in state.fleet.campaigns}
         for c in state.fleet.campaigns:
             r = from_state(state, c)
@@ -152,11 +154,11 @@ class FleetTable(LiveTable):
                 if line.node in state.nodes:
                     ns = state.nodes[line.node]
                     place = line.place if line.place != line.node else ""
-                    rows[line.node] = self.node_row(ns, now, theme, place,
-                                                    line.link == GIVEN_BACK)
+                    rows[line.node] = partial(self.node_row, ns, now, theme, place,
+                                              line.link == GIVEN_BACK)
         for name, ns in state.nodes.items():
             if name not in rows:
-                rows[name] = self.node_row(ns, now, theme)
+                rows[name] = partial(self.node_row, ns, now, theme)
         self.sync(rows)
 
     @property

@@ -16,6 +16,11 @@ as a rule) is drawn straight to segments: the same segments Rich's Padding, Text
 and Console.render_lines make of it (tests/console/test_live_table.py compares them), at a
 tenth of their cost. Anything else goes Rich's way.
 
+A row may be given as a function that builds it: it is built only when in view (or within
+MARGIN rows of it); out of view it waits, its old line dropped from the caches, and is built
+when it is next drawn (scrolled into view). Until then DataTable's data holds the row as last
+built (DataTable's sort and get_cell see that).
+
 Rows are one line high (add_row's default). Columns have fixed widths where they can: a
 width change makes DataTable measure every cell again and render everything."""
 
@@ -35,11 +40,13 @@ from textual.widgets.data_table import ColumnKey, RowKey
 
 Cell = Text | str
 Row = tuple[Cell, ...]
+RowSource = Row | Callable[[], Row]  # a function: built only in view
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 PRUNE_AT = 64  # keys kept per row before the ones the cache evicted are let go
+MARGIN = 2  # rows beyond the window built anyway
 
 
 def same(a: Cell, b: Cell) -> bool:
@@ -100,24 +107,51 @@ class LiveTable(DataTable[Cell]):
         self._row_render_cache = self._row_lines
         self._line_cache = self._lines
         self._fits = frozenset(key for key, _label, width in self.COLUMNS if width is None)
+        self._pending: dict[str, Callable[[], Row]] = {}  # out of view, built when drawn
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
             self.add_column(label, key=key, width=width)
 
-    def sync(self, rows: Mapping[str, Row]) -> None:
+    def sync(self, rows: Mapping[str, RowSource]) -> None:
         for key in [k for k in self._rows if k not in rows]:
             self.remove_row(key)
             del self._rows[key]
-        for key, row in rows.items():
+            self._pending.pop(key, None)
+        top = int(self.scroll_y) - MARGIN
+        bottom = top + self.size.height + 2 * MARGIN  # the header's line is margin too
+        locations = self._row_locations
+        for key, source in rows.items():
             old = self._rows.get(key)
-            if old is None:
-                self.add_row(*row, key=key)
-            elif old is not row:
-                self._update_row(key, old, row)
-            self._rows[key] = row
+            if callable(source):
+                index = locations.get(RowKey(key)) if old is not None else None
+                if index is not None and not top <= index < bottom:
+                    if key not in self._pending:  # its line as drawn must not be served
+                        self._forget_lines(RowKey(key), index)
+                    self._pending[key] = source
+                    continue
+                source = source()
+            self._pending.pop(key, None)
+            self._put(key, old, source)
 
-    def _update_row(self, key: str, old: Row, row: Row) -> None:
+    def _put(self, key: str, old: Row | None, row: Row, repaint: bool = True) -> None:
+        if old is None:
+            self.add_row(*row, key=key)
+        elif old is not row:
+            self._update_row(key, old, row, repaint)
+        self._rows[key] = row
+
+    def _render_line_in_row(self, row_key: RowKey, line_no: int, base_style: Style,
+                            cursor_location: Any, hover_location: Any) -> Any:
+        """DataTable's, after building the row if it waited out of view."""
+        if self._pending and row_key.value is not None:
+            build = self._pending.pop(row_key.value, None)
+            if build is not None:  # drawn now: no repaint asked for
+                self._put(row_key.value, self._rows.get(row_key.value), build(), repaint=False)
+        return super()._render_line_in_row(row_key, line_no, base_style, cursor_location,
+                                           hover_location)
+
+    def _update_row(self, key: str, old: Row, row: Row, repaint: bool = True) -> None:
         """Write the cells that changed; a fitted column's change goes the whole way (it may
         change the column's width, and so every row); the others drop their row's caches."""
         row_key = RowKey(key)
@@ -134,18 +168,20 @@ class LiveTable(DataTable[Cell]):
             self._cells.drop((row_key, column_key))
             changed = True
         if changed:
-            self._repaint_row(row_key)
+            index = self._row_locations.get(row_key)
+            if index is not None:
+                y = self._forget_lines(row_key, index)
+                if repaint:  # DataTable's refresh_row, less its sum over the rows above
+                    self._refresh_region(Region(0, y, max(self.size.width,
+                                                          self.virtual_size.width), 1))
 
-    def _repaint_row(self, row_key: RowKey) -> None:
-        index = self._row_locations.get(row_key)
-        if index is None:
-            return
+    def _forget_lines(self, row_key: RowKey, index: int) -> int:
+        """Drop the row's drawn line from the caches; its y in the table."""
         y = index + (self.header_height if self.show_header else 0)  # rows are a line high
         self._row_renderable_cache.discard((self._update_count, index))
         self._row_lines.drop(row_key)
         self._lines.drop(y)
-        # DataTable's refresh_row, less its sum over every row above: nothing out of view
-        self._refresh_region(Region(0, y, max(self.size.width, self.virtual_size.width), 1))
+        return y
 
     def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
                      cursor: bool = False, hover: bool = False) -> list[list[Segment]]:
