@@ -26,6 +26,7 @@ class NodeState:
     snapshot: Snapshot | None = None
     received_at: float | None = None
     alert_codes: set[str] = field(default_factory=set)
+    raw: bytes | None = None  # the pushed bytes the snapshot was decoded from
 
     @property
     def name(self) -> str:
@@ -55,11 +56,17 @@ class FleetState:
         state = self.nodes.get(name)
         if state is None:
             return None
+        if isinstance(raw, bytes) and state.snapshot is not None and raw == state.raw:
+            state.received_at = self.clock()  # the same snapshot again: fresh, not decoded
+            self.version += 1
+            return state.snapshot
+        state.raw = raw if isinstance(raw, bytes) else None
         try:
             snap = (_decoder.decode(raw) if isinstance(raw, bytes)
                     else msgspec.convert(raw, Snapshot))
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             state.error = f"unreadable snapshot: {exc}"
+            state.raw = None
             self.version += 1
             return None
         state.snapshot = snap

@@ -245,10 +245,37 @@ async def open_pipe(node: Node, conn: asyncssh.SSHClientConnection | None) -> Pi
     return Pipe(process.stdout, process.stdin, process.close)
 
 
-class AgentLink:
-    """One node's channel: calls with replies, pushed snapshots, reconnection."""
+class _Head(msgspec.Struct):
+    """A JSON-RPC line as the read loop first looks at it: a status notification's params are
+    kept as their bytes, unparsed."""
 
-    def __init__(self, node: Node, on_snapshot: Callable[[str, dict[str, Any]], None] | None = None,
+    method: Any = None
+    id: Any = None
+    params: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"null"))
+
+
+_head_decoder = msgspec.json.Decoder(_Head)
+
+
+def status_snapshot(line: bytes) -> bytes | None:
+    """A status notification's snapshot as its JSON bytes (the console decodes them once,
+    typed: console/state.py), or None for any other line, which is read the general way."""
+    try:
+        head = _head_decoder.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if head.method != "status" or head.id is not None:
+        return None
+    params = bytes(head.params)
+    return b"{}" if params == b"null" else params  # as `params or {}` read it
+
+
+class AgentLink:
+    """One node's channel: calls with replies, pushed snapshots, reconnection. A pushed
+    snapshot reaches on_snapshot as its JSON bytes; subscribe's answer, as a dict."""
+
+    def __init__(self, node: Node,
+                 on_snapshot: Callable[[str, dict[str, Any] | bytes], None] | None = None,
                  on_state: Callable[[str, LinkState, str | None], None] | None = None,
                  ciphers: list[str] | None = None) -> None:
         self.node = node
@@ -309,6 +336,9 @@ class AgentLink:
                 if not line:
                     break
                 self.last_contact = time.time()
+                if self.on_snapshot is not None and (snap := status_snapshot(line)) is not None:
+                    self.on_snapshot(self.node.name, snap)
+                    continue
                 try:
                     msg = msgspec.json.decode(line)
                 except msgspec.DecodeError:

@@ -28,6 +28,7 @@ from console.linkstate import LinkState
 from console.sanitize import shown_markup
 from console.state import FleetState
 from console.transport import AgentLink, HostKeyProblem, accept_host_key
+from console.tui import heap
 from console.tui.campaign_actions import CampaignControls
 from console.tui.fetched import Fetched
 from console.tui.handlers import NAVIGATION, Controls
@@ -93,8 +94,9 @@ class FleetdeckApp(App[int]):
     def __init__(self, fleet: Fleet, read_only: bool = False, connect: bool = True,
                  accept_new_host_key: bool = False,
                  clock: Callable[[], float] = time.time, note: str | None = None,
-                 exit_after: float | None = None) -> None:
+                 exit_after: float | None = None, quiet_gc: bool = False) -> None:
         super().__init__()
+        self.quiet_gc = quiet_gc  # the process is the TUI's alone (run_app): console/tui/heap
         self.note = note  # shown once at start (the demo says what it runs)
         self.exit_after = exit_after
         self.fleet = fleet
@@ -147,6 +149,8 @@ class FleetdeckApp(App[int]):
         if self.connect and self.queued:
             self.set_interval(QUEUE_LOOK_S, self._look_at_queues)
         self.call_after_refresh(self.redraw)
+        if self.quiet_gc:
+            self.call_after_refresh(heap.quiet_gc)
         if self.note:
             self.notify(self.note, timeout=20)
         if self.exit_after is not None:

@@ -17,7 +17,7 @@ __all__ = ["FleetdeckApp", "run_app", "run_tui"]
 def run_app(fleet: Fleet, read_only: bool = False, accept_new_host_key: bool = False,
             note: str | None = None, exit_after: float | None = None) -> int:
     app = FleetdeckApp(fleet, read_only=read_only, accept_new_host_key=accept_new_host_key,
-                       note=note, exit_after=exit_after)
+                       note=note, exit_after=exit_after, quiet_gc=True)
     code = app.run()
     return code or 0
 

@@ -177,7 +177,8 @@ async def test_connection_killed_mid_run_reconnects(sshd: SshServer, running) ->
     seen: list[tuple[str, int]] = []
     states: list[str] = []
     link = AgentLink(node, on_snapshot=lambda n, s: seen.append(
-        (link.state, (s.get("progress") or {}).get("completed", 0))),
+        (link.state, ((msgspec.json.decode(s) if isinstance(s, bytes) else s).get("progress")
+                      or {}).get("completed", 0))),
         on_state=lambda n, st, err: states.append(st))
     task = asyncio.create_task(link.run(max_backoff_s=1.0))
 

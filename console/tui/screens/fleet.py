@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.message import Message
-from textual.widgets import DataTable, Footer, Label, Static
+from textual.widgets import DataTable, Footer, Label
 
 from agents.rundir.schema import Alert
 from console.state import NodeState
@@ -16,6 +16,7 @@ from console.tui.widgets import figures as f
 from console.tui.widgets.alert_list import AlertList
 from console.tui.widgets.fleet_table import FleetTable
 from console.tui.widgets.keys import key_for
+from console.tui.widgets.live_static import LiveStatic
 from console.tui.widgets.tones import style
 
 
@@ -54,7 +55,7 @@ class FleetScreen(View):
             self.name = name
 
     def compose(self) -> ComposeResult:
-        yield Static(id="fleet-bar", classes="bar")
+        yield LiveStatic(id="fleet-bar", classes="bar")
         yield FleetTable(id="fleet-table")
         yield Label("Alerts", classes="pane-title")
         yield AlertList(id="fleet-alerts")
@@ -82,7 +83,7 @@ class FleetScreen(View):
                        style=style(ctx.theme, "bad"))
         if ctx.read_only:
             bar.append("   READ-ONLY", style=style(ctx.theme, "warn") + " bold")
-        self.query_one("#fleet-bar", Static).update(bar)
+        self.query_one("#fleet-bar", LiveStatic).draw(bar)
         self.query_one(FleetTable).show(ctx.state, ctx.now, ctx.theme)
         self.query_one(AlertList).show(alerts, ctx.now, ctx.theme,
                                        lambda action: key_for(self, action))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
-from textual.widgets import Footer, Static, TabbedContent, TabPane
+from textual.widgets import Footer, TabbedContent, TabPane
 
 from agents.rundir.schema import Snapshot
 from console.tui.fetched import Fetched
@@ -15,6 +15,7 @@ from console.tui.widgets.alert_list import AlertList
 from console.tui.widgets.gpu_table import GpuTable
 from console.tui.widgets.graphs import HistoryGraphs
 from console.tui.widgets.keys import key_for
+from console.tui.widgets.live_static import LiveStatic
 from console.tui.widgets.log_pane import LogPane
 from console.tui.widgets.run_panel import RunPanel
 from console.tui.widgets.samples_pane import SamplesPane
@@ -28,6 +29,7 @@ class NodeView(View):
         super().__init__(name=node_name)
         self.node_name = node_name
         self.snapshot: Snapshot | None = None  # the one drawn last
+        self._alerts_label = "Alerts"
         self._fetched_drawn = -1
 
     def show_tab(self, tab: str) -> None:
@@ -49,7 +51,7 @@ class NodeView(View):
 
 class GenerateScreen(NodeView):
     def compose(self) -> ComposeResult:
-        yield Static(id="node-bar", classes="bar")
+        yield LiveStatic(id="node-bar", classes="bar")
         with Horizontal(id="node-top"):
             yield RunPanel(id="run-panel")
             yield HistoryGraphs(id="graphs")
@@ -88,7 +90,7 @@ class GenerateScreen(NodeView):
         self.snapshot = snap
         age = ns.age_s(ctx.now)
         stale = ns.link != "connected" or age is None or age > STALE_S
-        self.query_one("#node-bar", Static).update(node_bar(ns, ctx))
+        self.query_one("#node-bar", LiveStatic).draw(node_bar(ns, ctx))
         self.query_one(RunPanel).show(snap, ctx.theme, age, ns.link, ns.error,
                                       ns.node.cost_per_gpu_hour,
                                       ns.node.run_cost(snap.progress if snap else None))
@@ -98,8 +100,10 @@ class GenerateScreen(NodeView):
         alerts = [("", a) for a in snap.alerts] if snap is not None else []
         self.query_one(AlertList).show(alerts, ctx.now, ctx.theme,
                                        lambda action: key_for(self, action))
-        self.query_one(TabbedContent).get_tab("tab-alerts").label = \
-            f"Alerts ({len(alerts)})" if alerts else "Alerts"
+        label = f"Alerts ({len(alerts)})" if alerts else "Alerts"
+        if label != self._alerts_label:  # a tab's label lays the screen out again
+            self._alerts_label = label
+            self.query_one(TabbedContent).get_tab("tab-alerts").label = label
         self._show_fetched(fetched)
 
     def forget(self) -> None:
@@ -108,7 +112,7 @@ class GenerateScreen(NodeView):
 
 class TrainScreen(NodeView):
     def compose(self) -> ComposeResult:
-        yield Static(id="node-bar", classes="bar")
+        yield LiveStatic(id="node-bar", classes="bar")
         yield TrainPanel(id="train-panel")
         yield TrainGpuTable(id="train-gpus")
         with TabbedContent(id="node-tabs", initial="tab-alerts"):
@@ -124,7 +128,7 @@ class TrainScreen(NodeView):
         snap = self.snapshot = ns.snapshot
         age = ns.age_s(ctx.now)
         stale = ns.link != "connected" or age is None or age > STALE_S
-        self.query_one("#node-bar", Static).update(node_bar(ns, ctx))
+        self.query_one("#node-bar", LiveStatic).draw(node_bar(ns, ctx))
         self.query_one(TrainPanel).show(snap, ctx.theme, age, ns.link, ns.error)
         table = self.query_one(TrainGpuTable)
         rows = gpu_rows(snap, stale) if snap is not None else {}

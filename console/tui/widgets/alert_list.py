@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 from rich.text import Text
 from textual.theme import Theme
-from textual.widgets import Static
 
 from agents.rundir.schema import Alert
 from console.sanitize import shown
 from console.tui.widgets import figures as f
+from console.tui.widgets.live_static import LiveStatic
 from console.tui.widgets.tones import style
 
 
@@ -41,7 +41,7 @@ def alert_lines(alerts: list[tuple[str, Alert]], now: float, theme: Theme,
     return text
 
 
-class AlertList(Static):
+class AlertList(LiveStatic):
     def show(self, alerts: list[tuple[str, Alert]], now: float, theme: Theme,
              keys: Callable[[str], str] | None = None) -> None:
-        self.update(alert_lines(alerts, now, theme, keys))
+        self.draw(alert_lines(alerts, now, theme, keys))

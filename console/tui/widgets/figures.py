@@ -54,10 +54,12 @@ def hours(h: float | None) -> str:
 
 
 def age(seconds: float | None) -> str:
+    """Whole seconds, rounded down: a rounded age flipped between `0 s` and `1 s` on every
+    redraw of a node reporting each second, redrawing its row for nothing."""
     if seconds is None:
         return DASH
     if seconds < 90:
-        return f"{seconds:.0f} s"
+        return f"{int(seconds)} s"
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"

@@ -1,18 +1,21 @@
 """The fleet view's table: a row per node (role, run, status, progress, rate, ETA with its
 p10-p90 band, failures, alerts, contact), and a row per campaign above its nodes with the same
-figures rolled up (console/campaign.py). Only cells that changed are redrawn, so a 32-node
-fleet stays cheap."""
+figures rolled up (console/campaign.py). A node's row is built only when in view and its
+figures changed, and only cells that changed are drawn again (LiveTable)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 from rich.text import Text
 from textual.theme import Theme
 
+from agents.rundir.schema import Snapshot
 from console.queue.rollup import GIVEN_BACK, Rollup, from_state
 from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
-from console.tui.widgets.live_table import LiveTable, Row
+from console.tui.widgets.live_table import LiveTable, Row, RowSource
 from console.tui.widgets.tones import LINK_TONE, RUN_TONE, style, toned
 
 FLEET_COLUMNS = (("node", "Node", None), ("role", "Role", 8), ("run", "Run", 20),
@@ -117,11 +120,32 @@ class FleetTable(LiveTable):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._campaigns: set[str] = set()
+        # Per node: what its row was drawn from, and the row. A node's figures change once a
+        # second at most, and its row is built again only then.
+        self._built: dict[str, tuple[Snapshot | None, tuple[object, ...], Row]] = {}
+
+    def node_row(self, ns: NodeState, now: float, theme: Theme, place: str | None = None,
+                 given_back: bool = False) -> Row:
+        """fleet_row, built again only when what it shows changed (its snapshot, link, age
+        as shown, theme, place)."""
+        age = ns.age_s(now)
+        stale = age is None or age > STALE_S
+        key = (ns.link, f.age(age), stale, theme.name, place, given_back, ns.node.role)
+        built = self._built.get(ns.name)
+        if built is not None and built[0] is ns.snapshot and built[1] == key:
+            return built[2]
+        row = fleet_row(ns, now, theme, place, given_back)
+        self._built[ns.name] = (ns.snapshot, key, row)
+        return row
+
+    def forget(self) -> None:
+        super().forget()
+        self._built.clear()
 
     def show(self, state: FleetState, now: float, theme: Theme) -> None:
         """Each campaign's row, then its nodes; then the nodes of no campaign. Campaign and
         node names never clash (the fleet file refuses it), so each names its own row."""
-        rows: dict[str, Row] = {}
+        rows: dict[str, RowSource] = {}  # a node's row is built only in view
         self._campaigns = {c.name for c in state.fleet.campaigns}
         for c in state.fleet.campaigns:
             r = from_state(state, c)
@@ -130,10 +154,11 @@ class FleetTable(LiveTable):
                 if line.node in state.nodes:
                     ns = state.nodes[line.node]
                     place = line.place if line.place != line.node else ""
-                    rows[line.node] = fleet_row(ns, now, theme, place, line.link == GIVEN_BACK)
+                    rows[line.node] = partial(self.node_row, ns, now, theme, place,
+                                              line.link == GIVEN_BACK)
         for name, ns in state.nodes.items():
             if name not in rows:
-                rows[name] = fleet_row(ns, now, theme)
+                rows[name] = partial(self.node_row, ns, now, theme)
         self.sync(rows)
 
     @property

@@ -11,13 +11,14 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.theme import Theme
-from textual.widgets import ProgressBar, Static
+from textual.widgets import ProgressBar
 
 from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import Cost, Progress, Snapshot
 from console.linkstate import LinkState
 from console.sanitize import shown
 from console.tui.widgets import figures as f
+from console.tui.widgets.live_static import LiveStatic
 from console.tui.widgets.tones import RUN_TONE, style, toned
 
 PROGRESS_STALE_S = 10.0
@@ -56,8 +57,9 @@ def concurrency_text(p: Progress) -> str:
 
 
 def run_grid(snap: Snapshot, theme: Theme, stale: bool,
-             price: float | None = None, cost: Cost | None = None) -> RenderableType:
-    """`cost`: the run's cost as the console shows it (at `price`, the fleet file's, if set)."""
+             price: float | None = None, cost: Cost | None = None) -> Table:
+    """`cost`: the run's cost as the console shows it (at `price`, the fleet file's, if set).
+    Its cells are Texts or labels (the panel compares them to skip a redraw)."""
     p = snap.progress
     dim = style(theme, "muted") if stale else ""
     grid = Table.grid(padding=(0, 1))
@@ -148,28 +150,36 @@ def headline(snap: Snapshot, theme: Theme, age: float | None, link: LinkState) -
     return text
 
 
+def grid_texts(grid: Table) -> list[Text]:
+    """Every cell of a grid as Text, column by column (what the panel compares)."""
+    return [cell if isinstance(cell, Text) else Text(str(cell))
+            for column in grid.columns for cell in column.cells]
+
+
 class RunPanel(Vertical):
     def compose(self) -> ComposeResult:
-        yield Static(id="run-headline")
+        yield LiveStatic(id="run-headline")
         yield ProgressBar(total=None, show_eta=False, id="run-progress")
-        yield Static(id="run-grid")
+        yield LiveStatic(id="run-grid")
 
     def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: LinkState,
              error: str | None, price: float | None = None, cost: Cost | None = None) -> None:
-        head = self.query_one("#run-headline", Static)
-        grid = self.query_one("#run-grid", Static)
+        head = self.query_one("#run-headline", LiveStatic)
+        grid = self.query_one("#run-grid", LiveStatic)
         bar = self.query_one("#run-progress", ProgressBar)
         if snap is None:
-            head.update(toned(f"{link}" + (f": {error}" if error else ""), theme,
-                              "warn" if link in ("connecting", "reconnecting") else "bad"))
-            grid.update("")
+            head.draw(toned(f"{link}" + (f": {error}" if error else ""), theme,
+                            "warn" if link in ("connecting", "reconnecting") else "bad"))
+            grid.draw(Text(""))
             return
         stale = link != "connected" or age is None or age > 5
-        head.update(headline(snap, theme, age, link))
+        head.draw(headline(snap, theme, age, link))
         p = snap.progress
-        if p is not None and p.total:
+        if p is not None and p.total and (bar.total, bar.progress) != (p.total, p.completed):
             bar.update(total=p.total, progress=p.completed)
-        body: list[RenderableType] = [run_grid(snap, theme, stale, price, cost)]
+        table = run_grid(snap, theme, stale, price, cost)
+        texts = grid_texts(table)
+        body: list[RenderableType] = [table]
         errors = error_lines(snap, theme)
         if errors is not None:
             body.append(errors)
@@ -177,4 +187,6 @@ class RunPanel(Vertical):
             body.append(Text(shown(snap.message), style=style(theme, "warn")))
         if error and link != "connected":
             body.append(Text(shown(error), style=style(theme, "bad")))
-        grid.update(Group(*body))
+        # the grid's shape, then the lines under it
+        texts += [Text(str(len(table.rows)))] + [t for t in body[1:] if isinstance(t, Text)]
+        grid.draw(Group(*body), texts)
