@@ -216,9 +216,8 @@ def test_ntfy_gets_a_plain_body_with_title_and_priority(port: int, receivers) ->
 
 def test_a_supervised_run_pages_and_clears_with_no_console_and_exports(
         supervised, tmp_path: Path, port: int, receivers) -> None:
-    receiver = Receiver(port)
+    receiver = Receiver(port)  # down until the alert has been tried
     receivers.append(receiver)
-    receiver.start()
     prom = tmp_path / "textfile" / "fleetdeck.prom"
     prom.parent.mkdir()
     run = supervised(1, prompts=5000, sim_args="--time-scale 0.3 --empty-rate 0.5 "
@@ -227,6 +226,10 @@ def test_a_supervised_run_pages_and_clears_with_no_console_and_exports(
                              "webhook": f"http://127.0.0.1:{port}{SECRET_PATH}",
                              "prometheus_textfile": str(prom)})
     assert agent("up", str(run.spec)).returncode == 0
+    down = wait_status(run.run_dir, lambda s: s["pager"]["failures"] >= 1, 120,
+                       "the page tried while the receiver is down")
+    assert down["pager"]["pending"] >= 1 and down["pager"]["posted"] == 0
+    receiver.start()
     # Nobody subscribes: the page comes from the node alone.
     wait_until(lambda: ("RAISED", "empty_rate") in receiver.changes(), 120, "the page")
     snap = wait_status(run.run_dir, lambda s: any(a["code"] == "empty_rate" for a in s["alerts"]),
@@ -260,3 +263,8 @@ def test_a_supervised_run_pages_and_clears_with_no_console_and_exports(
     httpx.post(f"{url}/sim/faults", json={"empty_rate": 0.0}, timeout=60).raise_for_status()
     wait_until(lambda: ("CLEARED", "empty_rate") in receiver.changes(), 120, "the clearing")
     assert receiver.changes().count(("RAISED", "empty_rate")) == 1  # paged once
+    # The URL's secret part is in no file of the run but secrets.json: logs, copy, state.
+    leaks = [str(f) for f in run.run_dir.rglob("*") if f.is_file() and not f.is_symlink()
+             and f.name != "secrets.json" and b"SEKRIT" in f.read_bytes()]
+    assert leaks == []
+    assert "webhook" in (run.run_dir / "logs" / "supervisor.log").read_text()  # it did log
