@@ -182,6 +182,13 @@ class Pager:
         except httpx.HTTPError as exc:
             return self._failed(f"{type(exc).__name__}: {self._scrub(str(exc)) or 'no detail'}",
                                 0.0)
+        except httpx.InvalidURL:
+            # The spec's check lets only http(s)://host through; a URL httpx still refuses
+            # fails the same way every time.
+            self.status.dropped += len(batch)
+            self._note(f"[alerts] webhook is not a URL httpx can post to: {len(batch)} "
+                       "page(s) dropped")
+            return None
         self._posted_at.append(time.monotonic())
         if r.is_success:
             self.status.posted += 1
@@ -211,7 +218,9 @@ class Pager:
 
     def _scrub(self, text: str) -> str:
         """An error's text without the URL or its path (where Slack keeps the key)."""
-        path = httpx.URL(self._url).raw_path.decode(errors="replace")
+        rest = self._url.partition("://")[2]
+        cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+        path = rest[cut:]  # its path and query: where a hook's key is
         text = text.replace(self._url, "[webhook]")
         return text.replace(path, "/[secret]") if len(path) > 1 else text
 
