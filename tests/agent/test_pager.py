@@ -10,7 +10,9 @@ import asyncio
 import http.server
 import json
 import re
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -268,3 +270,33 @@ def test_a_supervised_run_pages_and_clears_with_no_console_and_exports(
              and f.name != "secrets.json" and b"SEKRIT" in f.read_bytes()]
     assert leaks == []
     assert "webhook" in (run.run_dir / "logs" / "supervisor.log").read_text()  # it did log
+
+
+def test_a_receiver_that_never_answers_holds_up_neither_status_nor_the_run(
+        supervised, port: int) -> None:
+    """A webhook that takes the connection and says nothing (a hung proxy): the post waits
+    out its timeout in the pager's task while status answers at once and the run goes on."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", port))
+    hung.listen(16)  # connections complete in the kernel's backlog; nobody reads them
+    try:
+        run = supervised(1, prompts=5000, sim_args="--time-scale 0.3 --empty-rate 0.5 "
+                         "--truncation-share 0",
+                         alerts={"window_s": 3, "min_samples": 10,
+                                 "webhook": f"http://127.0.0.1:{port}{SECRET_PATH}"})
+        assert agent("up", str(run.spec)).returncode == 0
+        first = wait_status(run.run_dir, lambda s: s["pager"]["pending"] >= 1, 120,
+                            "a page waiting on the hung receiver")
+        assert first["pager"]["posted"] == 0
+        took = []
+        for _ in range(10):
+            t0 = time.monotonic()
+            snap = wait_status(run.run_dir, lambda s: True, 10, "status")
+            took.append(time.monotonic() - t0)
+            assert snap["pager"]["posted"] == 0
+        assert max(took) < 2.0, took
+        later = wait_status(run.run_dir, lambda s: s["progress"]["completed"] >
+                            first["progress"]["completed"] + 50, 60, "the run going on")
+        assert later["servers"][0]["state"] == "healthy" and later["pager"]["posted"] == 0
+    finally:
+        hung.close()
