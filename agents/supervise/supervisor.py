@@ -163,11 +163,10 @@ class Supervisor:
             pusher.cancel()
             if self.subscribers:
                 await self._push()
-            last = self.snapshot()
             if self.pager is not None:
-                await self.pager.drain(PAGER_DRAIN_S)  # a clearing seen last still goes
+                await self.pager.drain(PAGER_DRAIN_S)  # pages queued before the down still go
             if self.textfile is not None:
-                await self.textfile.flush(last)
+                await self.textfile.flush(self.snapshot())  # the run's last word for Grafana
         finally:
             pusher.cancel()
             if paging is not None:

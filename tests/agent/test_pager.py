@@ -270,6 +270,14 @@ def test_a_supervised_run_pages_and_clears_with_no_console_and_exports(
              and f.name != "secrets.json" and b"SEKRIT" in f.read_bytes()]
     assert leaks == []
     assert "webhook" in (run.run_dir / "logs" / "supervisor.log").read_text()  # it did log
+    # Down: the textfile keeps the run's last word, servers down, written after they stopped.
+    written = fams["fleetdeck_textfile_updated_timestamp_seconds"].samples[0].value
+    assert agent("down", str(run.run_dir), "--yes").returncode == 0
+    wait_until(lambda: not (run.run_dir / "supervisor.pid").exists(), 120, "supervisor gone")
+    last = families()
+    assert last["fleetdeck_textfile_updated_timestamp_seconds"].samples[0].value > written
+    assert [s.value for s in last["fleetdeck_server_up"].samples] == [0]
+    assert not [c for c in receiver.changes() if c[1].startswith("server_down")]  # no page
 
 
 def test_a_receiver_that_never_answers_holds_up_neither_status_nor_the_run(
