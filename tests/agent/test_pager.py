@@ -302,7 +302,7 @@ def test_a_receiver_that_never_answers_holds_up_neither_status_nor_the_run(
             snap = wait_status(run.run_dir, lambda s: True, 10, "status")
             took.append(time.monotonic() - t0)
             assert snap["pager"]["posted"] == 0
-        assert max(took) < 2.0, took
+        assert max(took) < 5.0, took  # a post on the loop would hold it its 10 s timeout
         later = wait_status(run.run_dir, lambda s: s["progress"]["completed"] >
                             first["progress"]["completed"] + 50, 60, "the run going on")
         assert later["servers"][0]["state"] == "healthy" and later["pager"]["posted"] == 0
