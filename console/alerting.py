@@ -1,5 +1,6 @@
 """Alerts reach someone not staring at the screen: the configured command (a webhook call, a
-pager script) runs once per new alert with the alert as JSON on its stdin."""
+pager script) runs once per new alert with the alert as JSON on its stdin, unless the node
+paged it already (`[alerts] webhook`: the alert comes marked `paged`)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ def alert_json(node: str, alert: Alert) -> bytes:
 
 async def run_alert_command(command: str, node: str, alert: Alert,
                             timeout: float = COMMAND_TIMEOUT_S) -> None:
-    """Run `command` (a shell line) with the alert on stdin. Raises RuntimeError naming the
+    """Run `command` (a shell line) with the alert on stdin; nothing for an alert the node
+    paged itself (one page per alert, not one per console). Raises RuntimeError naming the
     command and how it failed; never blocks the caller's loop."""
+    if alert.paged:
+        return
     proc = await asyncio.create_subprocess_shell(
         os.path.expanduser(command), stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)

@@ -121,6 +121,14 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
         line += f"\n  ALERT {shown(a.severity)}: {shown(a.message)}"
         if a.actions:
             line += f" [{', '.join(shown(x) for x in a.actions)}]"
+        if a.paged:
+            line += " (paged by the node)"
+    pg = snap.pager
+    if pg is not None and (pg.posted or pg.pending or pg.dropped or pg.last_error):
+        line += (f"\n  pages ({shown(pg.format)} webhook): {pg.posted} posted, "
+                 f"{pg.pending} waiting, {pg.dropped} dropped")
+        if pg.last_error:
+            line += f"; last error: {shown(pg.last_error)}"
     return line
 
 

@@ -376,6 +376,24 @@ class Alert(msgspec.Struct):
     # Console actions (ids of console/actions.py) that deal with it; the console names the
     # user's keys for them.
     actions: list[str] = msgspec.field(default_factory=list)
+    # The node posted it to [alerts] webhook itself (agents/supervise/pager.py took it): the
+    # console does not page it again.
+    paged: bool = False
+
+
+class PagerStatus(msgspec.Struct):
+    """The node's own pager ([alerts] webhook): what it posted, what waits, what it lost.
+    Never the URL (a secret)."""
+
+    format: str
+    posted: int = 0  # posts the receiver took (a summary post counts once)
+    pages: int = 0  # alerts and clearings those posts carried
+    pending: int = 0  # waiting: the receiver is down, or the rate limit holds them
+    dropped: int = 0  # lost: the queue was full, or the receiver refused them for good
+    failures: int = 0  # failed tries (each retried, with backoff)
+    last_error: str | None = None
+    last_error_at: float | None = None
+    last_posted_at: float | None = None
 
 
 class GpuStats(msgspec.Struct):
@@ -487,6 +505,7 @@ class Snapshot(msgspec.Struct):
     alerts: list[Alert] = msgspec.field(default_factory=list)
     disk: DiskStatus | None = None
     message: str | None = None
+    pager: PagerStatus | None = None  # None: no [alerts] webhook
 
 
 snapshot_decoder = msgspec.json.Decoder(Snapshot)

@@ -1,5 +1,6 @@
-"""Secrets of a run spec: `[servers] api_key`, `admin_api_key`, and the `[servers] env` values
-whose name holds TOKEN, KEY, SECRET or PASSWORD or is listed in `[servers] secret_env`.
+"""Secrets of a run spec: `[servers] api_key`, `admin_api_key`, the `[servers] env` values
+whose name holds TOKEN, KEY, SECRET or PASSWORD or is listed in `[servers] secret_env`, and
+`[alerts] webhook` (a Slack or ntfy URL is the key to post there).
 
 They never reach a launch script, the run.toml copy kept in RUN_DIR, a log, control.log,
 status, an RPC answer or the pull set. The copy is written without them; they are kept in
@@ -26,6 +27,7 @@ from agents.rundir.atomic import fsync_dir, replace_durably
 SECRETS_NAME = "secrets.json"
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 SECRET_FIELDS = ("api_key", "admin_api_key")
+ALERTS_WEBHOOK = "webhook"  # [alerts] webhook
 # The public copy names what it lacks on this line (names only, never values), so a missing
 # secrets.json is a clear error at load rather than a run that gets 401s.
 MARKER = "# fleetdeck-secrets: "
@@ -47,11 +49,10 @@ def secret_env_names(env: Mapping[str, str], explicit: Iterable[str] = ()) -> li
 
 def split(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the spec without its secrets, the secrets) from a parsed run.toml."""
-    servers = raw.get("servers")
-    if not isinstance(servers, dict):
-        return raw, {}
     public = copy.deepcopy(raw)
-    ps = public["servers"]
+    ps = public.get("servers")
+    if not isinstance(ps, dict):
+        ps = {}
     found: dict[str, Any] = {}
     for key in SECRET_FIELDS:
         if key in ps:
@@ -63,7 +64,11 @@ def split(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         names = secret_env_names({k: v for k, v in env.items() if isinstance(k, str)}, listed)
         if names:
             found["env"] = {k: env.pop(k) for k in names}
-    return public, ({"servers": found} if found else {})
+    out: dict[str, Any] = {"servers": found} if found else {}
+    alerts = public.get("alerts")
+    if isinstance(alerts, dict) and ALERTS_WEBHOOK in alerts:
+        out["alerts"] = {ALERTS_WEBHOOK: alerts.pop(ALERTS_WEBHOOK)}
+    return public, out
 
 
 def names(secrets: Mapping[str, Any]) -> list[str]:
@@ -71,11 +76,16 @@ def names(secrets: Mapping[str, Any]) -> list[str]:
     servers = secrets.get("servers") or {}
     out = [k for k in SECRET_FIELDS if k in servers]
     out += [f"env {k}" for k in sorted(servers.get("env") or {})]
+    if ALERTS_WEBHOOK in (secrets.get("alerts") or {}):
+        out.append(f"alerts {ALERTS_WEBHOOK}")
     return out
 
 
 def merge(raw: dict[str, Any], secrets: Mapping[str, Any]) -> dict[str, Any]:
     """The parsed public copy with its secrets put back."""
+    alerts = secrets.get("alerts")
+    if isinstance(alerts, dict) and ALERTS_WEBHOOK in alerts:
+        raw.setdefault("alerts", {})[ALERTS_WEBHOOK] = alerts[ALERTS_WEBHOOK]
     found = secrets.get("servers")
     if not isinstance(found, dict) or not found:
         return raw

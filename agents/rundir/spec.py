@@ -156,6 +156,18 @@ class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
     # that admits nothing more can show 0.7-0.8).
     kv_retractions: int = 1
     kv_usage: float = 0.7
+    # Pages from the node (agents/supervise/pager.py): each new alert and its clearing is
+    # posted here by the supervisor itself. A secret (agents/rundir/secrets.py): kept out of
+    # the run.toml copy, status, logs and the pull set.
+    webhook: str | None = None
+    webhook_format: Literal["slack", "ntfy"] = "slack"
+    # At most this many posts a minute; the rest wait and go as one summary post.
+    webhook_per_minute: int = 6
+    # Pages kept while the receiver is down; past this the oldest are dropped (counted in
+    # status: pager.dropped).
+    webhook_queue: int = 200
+    # The node_exporter textfile (a *.prom path; agents/supervise/textfile.py).
+    prometheus_textfile: str | None = None
 
 
 class S3Section(msgspec.Struct, forbid_unknown_fields=True):
@@ -421,6 +433,7 @@ def _check(spec: RunSpec, path: Path) -> None:
         fail("[run] cost_per_gpu_hour", f"must not be negative, got {cost}")
     if spec.alerts.idle_alert_s <= 0:
         fail("[alerts] idle_alert_s", f"must be positive, got {spec.alerts.idle_alert_s}")
+    _check_pages(spec.alerts, fail)
     if spec.s3 is not None and not spec.s3.bucket:
         fail("[s3] bucket", "must not be empty")
 
@@ -501,6 +514,31 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
                        ("kv_usage", spec.alerts.kv_usage)):
         if not 0.0 <= share <= 1.0:
             fail(f"[alerts] {key}", f"must be between 0 and 1, got {share}")
+
+
+def _check_pages(alerts: AlertsSection, fail: Callable[[str, str], None]) -> None:
+    """[alerts] webhook and prometheus_textfile. The webhook URL is a secret: its errors
+    never quote it."""
+    url = alerts.webhook
+    if url is not None:
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme.lower() not in ("http", "https") or not rest.split("/")[0]:
+            fail("[alerts] webhook", "must be an http:// or https:// URL with a host "
+                 "(its value is a secret: not shown)")
+    if not 1 <= alerts.webhook_per_minute <= 600:
+        fail("[alerts] webhook_per_minute", f"{alerts.webhook_per_minute}: must be 1..600")
+    if not 1 <= alerts.webhook_queue <= 100_000:
+        fail("[alerts] webhook_queue", f"{alerts.webhook_queue}: must be 1..100000")
+    if alerts.prometheus_textfile is not None:
+        path = Path(alerts.prometheus_textfile).expanduser()
+        if path.suffix != ".prom":
+            fail("[alerts] prometheus_textfile", f"{path}: must end in .prom (node_exporter's "
+                 "textfile collector reads only *.prom files)")
+        if not path.is_absolute():
+            fail("[alerts] prometheus_textfile", f"{path}: must be an absolute path (the "
+                 "folder node_exporter's --collector.textfile.directory names)")
+        if not path.parent.is_dir():
+            fail("[alerts] prometheus_textfile", f"{path.parent}: no such folder")
 
 
 def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:

@@ -42,6 +42,7 @@ from agents.rundir.control import audit
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, SpecError, load_run_spec
 from agents.supervise.alerts import AlertBook
+from agents.supervise.pager import Pager
 from agents.supervise.procinfo import exit_status
 from agents.supervise.retractions import Retractions
 from agents.supervise.router import RouterWatch
@@ -54,11 +55,13 @@ from agents.supervise.snapshot import (
     read_train_progress,
     server_row,
 )
+from agents.supervise.textfile import Textfile
 from agents.supervise.train_job import ask_to_stop
 from agents.supervise.urlwatch import UrlServer, UrlWatch
 
 log = logging.getLogger("fleetdeck.supervisor")
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
+PAGER_DRAIN_S = 10.0  # at exit, how long pages still queued may take to go
 
 
 class Supervisor:
@@ -87,6 +90,14 @@ class Supervisor:
         self._prepared.set()
         self.train_proc: subprocess.Popen[bytes] | None = None
         self.alerts = AlertBook(self.spec.alerts)
+        # Pages and metrics from the node itself: neither waits for a console.
+        cfg = self.spec.alerts
+        self.pager = Pager(cfg.webhook, cfg.webhook_format,
+                           f"{socket.gethostname()}/{self.spec.run.name}",
+                           per_minute=cfg.webhook_per_minute, queue_max=cfg.webhook_queue) \
+            if cfg.webhook else None
+        self.textfile = Textfile(Path(cfg.prometheus_textfile).expanduser()) \
+            if cfg.prometheus_textfile else None
         self.disk = DiskWatch(self.run_dir)
         self.nvml = Nvml()
         self.subscribers: set[asyncio.StreamWriter] = set()
@@ -139,6 +150,7 @@ class Supervisor:
         (self.run_dir / "agent.sock.path").write_text(f"{sock}\n")
         log.info("supervisor %d for %s listening on %s", os.getpid(), self.run_dir, sock)
         pusher = asyncio.create_task(self._push_loop())
+        paging = asyncio.create_task(self.pager.run()) if self.pager is not None else None
         try:
             await self._start_servers()
             # A `down` during start-up wins; a `resume` during it may have started the job.
@@ -151,8 +163,14 @@ class Supervisor:
             pusher.cancel()
             if self.subscribers:
                 await self._push()
+            if self.pager is not None:
+                await self.pager.drain(PAGER_DRAIN_S)  # pages queued before the down still go
+            if self.textfile is not None:
+                await self.textfile.flush(self.snapshot())  # the run's last word for Grafana
         finally:
             pusher.cancel()
+            if paging is not None:
+                paging.cancel()
             server.close()
             for w in list(self.subscribers):
                 w.close()
@@ -350,6 +368,10 @@ class Supervisor:
             servers += self.router.rows()
         disk = self.disk.status(now)
         alerts = self.alerts.evaluate(progress, servers, disk, now)
+        if self.pager is not None and not self.going_down:
+            # Servers stopped on purpose (stop --servers, down) are no page.
+            stopped = {f"server_down:{n}" for n, m in managed.items() if m.state == "stopped"}
+            self.pager.observe([a for a in alerts if a.code not in stopped], now)
         status: str
         if train is None and self.train_proc is not None and self.train_proc.poll():
             status = "failed"
@@ -370,20 +392,26 @@ class Supervisor:
                 self.message = f"the trainer exited with {code}: see logs/train.log"
         else:
             status = self.status
-        return Snapshot(
+        snap = Snapshot(
             kind=self.spec.run.kind, run=self.spec.run.name, run_dir=str(self.run_dir),
             host=socket.gethostname(), status=status, updated_at=now, source="supervisor",
             agent_version=__version__, supervisor_pid=os.getpid(), progress=progress,
             progress_age_s=age, train=train, servers=servers, alerts=alerts, disk=disk,
             message=(self.message or (progress.message if progress else None)
                      or (train.message if train else None)),
+            pager=self.pager.snapshot() if self.pager is not None else None,
         )
+        if self.textfile is not None:
+            self.textfile.offer(snap)
+        return snap
 
     async def _push_loop(self) -> None:
         while True:
             await asyncio.sleep(PUSH_INTERVAL_S)
             if self.subscribers:
                 await self._push()
+            elif self.pager is not None or self.textfile is not None:
+                self.snapshot()  # alerts judged and paged, the textfile fed, with no console
 
     async def _push(self) -> None:
         # One encode of the snapshot, spliced into the notification envelope.

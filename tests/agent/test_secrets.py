@@ -15,7 +15,9 @@ from tests.plugins.supervised import agent, wait_status
 from tests.servers.ports import wait_until
 
 SECRETS = {"api_key": "sk-SEKRIT-api-1234", "admin_api_key": "adm-SEKRIT-9876",
-           "HF_TOKEN": "hf_SEKRIT_token_5678", "MY_CRED": "cred-SEKRIT-4242"}
+           "HF_TOKEN": "hf_SEKRIT_token_5678", "MY_CRED": "cred-SEKRIT-4242",
+           # Nothing listens on port 1: the pager's failures (status, log) must not name it.
+           "webhook": "http://127.0.0.1:1/services/T00/B00/SEKRIT-hook-2468"}
 
 
 def _with_secrets(spec: Path) -> None:
@@ -32,6 +34,7 @@ def _with_secrets(spec: Path) -> None:
         f'env = {{ SIM_API_KEY = "{SECRETS["api_key"]}", HF_TOKEN = "{SECRETS["HF_TOKEN"]}", '
         f'MY_CRED = "{SECRETS["MY_CRED"]}", PLAIN_SETTING = "visible" }}',
     ]
+    lines += ["", "[alerts]", f'webhook = "{SECRETS["webhook"]}"']
     spec.write_text("\n".join(lines) + "\n")
 
 
@@ -73,6 +76,8 @@ def test_secrets_stay_out_of_every_served_file_and_survive_a_kill_9(supervised) 
     assert r.returncode == 0, r.stderr
     done = wait_status(run.run_dir, lambda s: s["status"] == "done", 120, "done after resume")
     assert done["progress"]["completed"] == 400 and done["progress"]["failed"] == 0
+    # The resumed supervisor has its webhook back (from secrets.json): it pages.
+    assert done["pager"] is not None and done["pager"]["format"] == "slack"
     new = run.servers()[0]
     assert new["pid"] != server["pid"]
     assert _environ(new["pid"])["HF_TOKEN"] == SECRETS["HF_TOKEN"]
@@ -97,6 +102,7 @@ def test_secrets_stay_out_of_every_served_file_and_survive_a_kill_9(supervised) 
     assert _leaks(run.run_dir) == []
     copy = (run.run_dir / "run.toml").read_text()
     assert "api_key" in copy and "HF_TOKEN" in copy  # named as kept apart, never valued
+    assert "alerts webhook" in copy
     agent("down", str(run.run_dir), "--yes")
 
 
@@ -110,5 +116,6 @@ def test_a_spec_with_secrets_in_its_own_run_dir_is_refused(tmp_path: Path, super
         agent("down", str(tmp_path), "--yes")
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "api_key" in r.stderr and "env HF_TOKEN" in r.stderr and "[run] dir" in r.stderr
+    assert "alerts webhook" in r.stderr
     assert not [k for k, v in SECRETS.items() if v in r.stderr + r.stdout]
     assert not (tmp_path / "supervisor.pid").exists()

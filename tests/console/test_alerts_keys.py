@@ -133,3 +133,28 @@ async def test_a_tick_or_a_look_at_the_screen_while_closing_is_harmless() -> Non
     app._tick()
     app.redraw()
     assert app.current_node() is None and app.current_campaign() is None
+
+
+async def test_an_alert_the_node_paged_is_not_paged_again(tmp_path: Path) -> None:
+    """[alerts] webhook on the node: its alerts come marked `paged`; the console still shows
+    them but runs the alert command only for the others."""
+    out = tmp_path / "alerts.jsonl"
+    app = FleetdeckApp(one_node(alert_command=f"cat >> {shlex.quote(str(out))}", bell=False),
+                       connect=False)
+    rec = Recorder()
+    paged = {"code": "stall", "severity": "critical", "message": "no completion for 11 min",
+             "since": d.NOW - 60, "paged": True}
+    unpaged = {"code": "disk_full", "severity": "critical", "message": "disk full in 2.0 h",
+               "since": d.NOW - 30}
+    async with app.run_test(message_hook=rec) as pilot:
+        app.ingest("gen-1", d.generate_snapshot(alerts=[paged]))
+        await until(pilot, lambda: rec.has("no completion for 11 min"), 60, "shown")
+        # A later alert the node did not page (an older agent, or no webhook) still runs it:
+        # the command works, so the paged one's absence is the skip.
+        app.ingest("gen-1", d.generate_snapshot(alerts=[paged, unpaged]))
+        await until(pilot, lambda: out.exists() and out.read_text().endswith("\n"), 60,
+                    "the alert command's stdin")
+        await until(pilot, lambda: not [w for w in app.workers if w.name == "alert-command"
+                                        and not w.is_finished], 60, "commands done")
+        got = [json.loads(line)["alert"]["code"] for line in out.read_text().splitlines()]
+        assert got == ["disk_full"]

@@ -44,3 +44,19 @@ def test_the_status_line_says_tail_with_the_hedges() -> None:
     snap["progress"].update(tail=True, hedges=12, hedges_won=5)
     line = _human(NodeStatus.answered("gen-1", snap), None)
     assert "tail: 12 hedged, 5 won by the copy" in line
+
+
+def test_the_status_line_says_what_the_node_paged_and_what_it_lost() -> None:
+    snap = d.generate_snapshot(
+        alerts=[{"code": "stall", "severity": "critical", "since": d.NOW - 60,
+                 "message": "no completion in the whole run for 11.0 min", "paged": True}],
+        pager={"format": "slack", "posted": 4, "pages": 9, "pending": 2, "dropped": 3,
+               "failures": 7, "last_error": "the receiver answered 503; retrying"})
+    line = _human(NodeStatus.answered("gen-1", snap))
+    assert "ALERT critical: no completion in the whole run for 11.0 min (paged by the node)" \
+        in line
+    assert "pages (slack webhook): 4 posted, 2 waiting, 3 dropped; last error: the receiver " \
+        "answered 503; retrying" in line
+    # No webhook on the node: no pages line, no paged mark.
+    plain = _human(NodeStatus.answered("gen-1", d.generate_snapshot()))
+    assert "pages" not in plain and "paged" not in plain

@@ -77,6 +77,20 @@ BAD = [
                  "negative", id="alerts-min-samples-negative"),
     pytest.param(spec_text(extra="[alerts]\ndisk_hours = nan"), "[alerts] disk_hours",
                  "finite", id="alerts-disk-hours-nan"),
+    pytest.param(spec_text(extra='[alerts]\nwebhook = "hooks.example/SEKRIT-77"'),
+                 "[alerts] webhook", "http:// or https://", id="alerts-webhook-no-scheme"),
+    pytest.param(spec_text(extra="[alerts]\nwebhook_per_minute = 0"),
+                 "[alerts] webhook_per_minute", "1..600", id="alerts-webhook-per-minute-0"),
+    pytest.param(spec_text(extra="[alerts]\nwebhook_queue = 0"),
+                 "[alerts] webhook_queue", "1..100000", id="alerts-webhook-queue-0"),
+    pytest.param(spec_text(extra='[alerts]\nwebhook_format = "pagerduty"'),
+                 "[alerts] webhook_format", "enum", id="alerts-webhook-format-unknown"),
+    pytest.param(spec_text(extra='[alerts]\nprometheus_textfile = "fleetdeck.prom"'),
+                 "[alerts] prometheus_textfile", "absolute", id="alerts-textfile-relative"),
+    pytest.param(spec_text(extra='[alerts]\nprometheus_textfile = "/tmp/fleetdeck.txt"'),
+                 "[alerts] prometheus_textfile", "*.prom", id="alerts-textfile-not-prom"),
+    pytest.param(spec_text(extra='[alerts]\nprometheus_textfile = "/no/such/d/f.prom"'),
+                 "[alerts] prometheus_textfile", "no such folder", id="alerts-textfile-no-dir"),
 ]
 
 
@@ -96,6 +110,7 @@ def test_a_number_out_of_range_is_refused_at_load(tmp_path: Path, home: Path, te
     assert_refused(out, 2, [str(spec), key, why])
     assert_only_changed(before, tree(tmp_path))
     assert not (tmp_path / "run").exists()
+    assert "SEKRIT" not in out.stdout + out.stderr  # a webhook URL is a secret
 
 
 BOUNDARY = [

@@ -26,6 +26,11 @@ PROGRESS_STALE_S = 10.0
 
 def latest_errors(snap: Snapshot, n: int = 3) -> list[str]:
     out = []
+    pg = snap.pager
+    if pg is not None and (pg.dropped or (pg.pending and pg.last_error)):
+        # The node's own pager is in trouble: pages wait (the receiver is down) or were lost.
+        out.append(f"pages: {pg.pending} waiting, {pg.dropped} dropped"
+                   + (f": {shown(pg.last_error)}" if pg.last_error else ""))
     for s in snap.servers:
         if s.last_error:
             group = s.gpu_group
