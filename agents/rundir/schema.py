@@ -235,6 +235,9 @@ class Progress(msgspec.Struct):
     # are the limit as text): truncation is judged against the limit an answer ran with.
     answers_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
     truncated_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
+    # Of `truncated`, the answers that ended in a repetition loop (agents/engine/loops.py):
+    # more max_tokens buys more of the same; the rest are long answers worth a retry.
+    truncated_loops: int = 0
     # The campaign this node's run belongs to ([run] campaign).
     campaign: str | None = None
     # A campaign node (a [queue] run): the campaign's chunks as this node last listed them,
