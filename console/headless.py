@@ -210,7 +210,7 @@ VERB_PARAMS: dict[str, Any] = {
     "resize": lambda a: {"value": a.value, **({"server": a.server} if a.server is not None
                                               else {})},
     "max_tokens": lambda a: {"value": a.value},
-    "retry": lambda a: {"what": a.what},
+    "retry": lambda a: {"what": a.what, **({"long_only": True} if a.long_only else {})},
     "restart_server": lambda a: {"server": a.server},
     "logs": lambda a: {"name": a.name, "n": a.n},
     "samples": lambda a: {"n": a.n},
@@ -307,6 +307,9 @@ def add_verbs(sub: Any) -> None:
     p.add_argument("what", choices=["failed", "truncated"])
     p.add_argument("--max-tokens", type=int, default=None,
                    help="a CAMPAIGN: the new generation's max_tokens (else each node's)")
+    p.add_argument("--long-only", action="store_true",
+                   help="truncated: only the long answers, not those cut in a repetition "
+                   "loop (more tokens buy a loop nothing)")
     p = verb("restart-server", "restart_server", "restart one server")
     p.add_argument("server", type=int)
     p = verb("logs", "logs", "tail a log (generate, supervisor, sglang_gpuN)")

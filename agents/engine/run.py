@@ -789,7 +789,8 @@ class Engine:
         applied = self.journal.state.retry_applied
         if self.queue is not None:
             if control.retry.failed > applied.get("failed", 0) or \
-                    control.retry.truncated > applied.get("truncated", 0):
+                    control.retry.truncated > applied.get("truncated", 0) or \
+                    control.retry.long > applied.get("long", 0):
                 self._control_note = ("retry is the campaign's on a queue node: `fleetdeck "
                                       "retry CAMPAIGN failed|truncated` makes a generation "
                                       "every node runs; this node's own retry is not applied")
@@ -799,6 +800,9 @@ class Engine:
             self._spawn_retry(self._retry_failed(control.retry.failed))
         if control.retry.truncated > applied.get("truncated", 0):
             self._spawn_retry(self._retry_truncated(control.retry.truncated, control.max_tokens))
+        if control.retry.long > applied.get("long", 0):
+            self._spawn_retry(self._retry_truncated(control.retry.long, control.max_tokens,
+                                                    long_only=True))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -865,16 +869,20 @@ class Engine:
         log.info("retry failed (rev %d): %d indices requeued", rev, len(indices))
         self._wake_feeder()
 
-    async def _retry_truncated(self, rev: int, max_tokens: int) -> None:
+    async def _retry_truncated(self, rev: int, max_tokens: int, long_only: bool = False
+                               ) -> None:
+        """`long_only`: leave out the lines that ended in a loop (their bit in the totals,
+        set from the same lines a recount reads): more tokens buy a loop nothing."""
+        looped = bytes(self.meter.totals.looped) if long_only else None
         found = await asyncio.to_thread(find_truncated, self.store.folder, self.store.done,
-                                        self._inflight, max_tokens)
+                                        self._inflight, max_tokens, looped)
         events = [requeued(i, a + 1, "truncated") for i, a in found]
-        events.append(retry_applied("truncated", rev))
+        events.append(retry_applied("long" if long_only else "truncated", rev))
         await self._journal(events)
         for i, _ in found:
             self._requeue_reason[i] = "truncated"
-        log.info("retry truncated (rev %d): %d indices requeued at max_tokens %d", rev,
-                 len(found), max_tokens)
+        log.info("retry truncated%s (rev %d): %d indices requeued at max_tokens %d",
+                 " --long-only" if long_only else "", rev, len(found), max_tokens)
         self._wake_feeder()
 
     def _wake_feeder(self) -> None:

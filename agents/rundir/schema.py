@@ -115,6 +115,8 @@ class RetryRequests(msgspec.Struct):
 
     failed: int = 0
     truncated: int = 0
+    # `retry truncated --long-only`: the truncated indices whose line is not a loop.
+    long: int = 0
 
 
 class Control(msgspec.Struct, forbid_unknown_fields=True):
