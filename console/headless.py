@@ -101,6 +101,7 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
     if p is not None:
         eta = p.eta_hours
         line += (f"  {p.completed}/{p.total} done, {p.failed} failed, "
+                 f"{truncated_split(p.truncated, p.truncated_loops)}"
                  f"{p.rate_per_sec:.2f}/s, ETA {'?' if eta is None else f'{eta:.2f} h'}")
         if eta and p.eta_p10_hours is not None:
             slow = "?" if p.eta_p90_hours is None else f"{p.eta_p90_hours:.2f}"
@@ -130,6 +131,14 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
         if pg.last_error:
             line += f"; last error: {shown(pg.last_error)}"
     return line
+
+
+def truncated_split(truncated: int, loops: int) -> str:
+    """`truncated N (loops L, long G), ` when answers were cut: loops gain nothing from a
+    retry (`retry NODE truncated --long-only` sends the long ones)."""
+    if not truncated:
+        return ""
+    return f"truncated {truncated} (loops {loops}, long {truncated - loops}), "
 
 
 def server_line(s: ServerStatus) -> str:
