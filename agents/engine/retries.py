@@ -17,13 +17,16 @@ class _LineFields(msgspec.Struct):
     max_tokens: int = 0
     attempt: int = 1
 
-def _bit(bits: bytes, index: int) -> bool:
+def _bit(bits: bytearray, index: int) -> bool:
     byte = index >> 3
-    return byte < len(bits) and bool(bits[byte] & (1 << (index & 7)))
+    try:
+        return bool(bits[byte] & (1 << (index & 7)))
+    except IndexError:  # past the bits: no line of it counted here yet
+        return False
 
 
 def find_truncated(folder: Path, done: DoneSet, inflight: set[int],
-                   max_tokens: int, looped: bytes | None = None) -> list[tuple[int, int]]:
+                   max_tokens: int, looped: bytearray | None = None) -> list[tuple[int, int]]:
     """(index, attempt) of current lines that hit a max_tokens below `max_tokens`; with
     `looped` (Totals.looped: a bit per index whose current line is a loop), the others."""
     decoder = msgspec.json.Decoder(_LineFields)

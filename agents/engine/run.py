@@ -873,7 +873,10 @@ class Engine:
                                ) -> None:
         """`long_only`: leave out the lines that ended in a loop (their bit in the totals,
         set from the same lines a recount reads): more tokens buy a loop nothing."""
-        looped = bytes(self.meter.totals.looped) if long_only else None
+        # The live bits, not a copy: a line counted while the scan runs is judged by its bit
+        # too (the bytearray only grows; the thread reads single bytes). Left: a line the
+        # scan reads between its fsync and its count (a millisecond) counts as long.
+        looped = self.meter.totals.looped if long_only else None
         found = await asyncio.to_thread(find_truncated, self.store.folder, self.store.done,
                                         self._inflight, max_tokens, looped)
         events = [requeued(i, a + 1, "truncated") for i, a in found]

@@ -264,6 +264,17 @@ def test_retry_truncated_long_only_leaves_the_loops(tmp_path: Path, sims) -> Non
     assert loops_now == loops  # the loops untouched, still loops
     assert (after["truncated"], after["truncated_loops"]) == (len(loops) + len(long_now),
                                                               len(loops))
+    # A totals.json from an engine before loops were told apart: counted again, the same.
+    record = json.loads((run_dir / "totals.json").read_text())
+    del record["loops"], record["looped"]
+    (run_dir / "totals.json").write_text(json.dumps(record))
+    (run_dir / "progress.json").unlink()
+    engine = start_engine(spec)
+    assert engine.wait(300) == 0, engine.stderr()
+    assert "keeps no loop bits" in engine.stderr()
+    rebuilt = json.loads((run_dir / "progress.json").read_text())
+    assert (rebuilt["truncated"], rebuilt["truncated_loops"]) == (after["truncated"],
+                                                                  after["truncated_loops"])
     # Nothing in a run dir is trusted: without totals.json and progress.json the split is
     # rebuilt from the batch lines alone, the same.
     (run_dir / "totals.json").unlink()
