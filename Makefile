@@ -15,12 +15,14 @@ $(STAMP): pyproject.toml
 
 # Real parts of the test suite from Debian, each installed when missing (needs root), with one
 # apt-get update for all: OpenSSH's sshd, FUSE 3 (libfuse3-3 and fusermount3) for the
-# forgetting filesystem of the power-loss tests (tests/powerloss/), and rsync, a baseline of
-# benchmarks/pull.py (run at a smoke size by tests/benchmarks/).
+# forgetting filesystem of the power-loss tests (tests/powerloss/), rsync, a baseline of
+# benchmarks/pull.py (run at a smoke size by tests/benchmarks/), and tmux, the real terminal
+# the TUI lends to a shell on a node in tests/console/test_shell.py.
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server openssh-client"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
+	command -v tmux >/dev/null || missing="$$missing tmux"; \
 	{ [ -x /usr/bin/fusermount3 ] && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3 '; } || \
 		missing="$$missing fuse3 libfuse3-3"; \
 	if [ -n "$$missing" ]; then \

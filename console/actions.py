@@ -12,8 +12,16 @@ class Action:
     key: str  # the default key; remappable through [console.keymap]
     title: str
     description: str
-    dangerous: bool = False
+    dangerous: bool = False  # asks y/n first; gone under --read-only
     rpc: bool = True  # False: a console-only action (switch node, theme, pull...)
+    # Asks nothing, yet can change anything on the node (a shell there): gone under
+    # --read-only like a dangerous action.
+    unguarded: bool = False
+
+    @property
+    def read_write(self) -> bool:
+        """--read-only removes it."""
+        return self.dangerous or self.unguarded
 
 
 ACTIONS: tuple[Action, ...] = (
@@ -44,6 +52,9 @@ ACTIONS: tuple[Action, ...] = (
     Action("pull", "u", "Pull", "copy the run's artifacts here over SFTP", rpc=False),
     Action("decommission", "k", "Decommission", "checklist: safe to give the node back?",
            rpc=False),
+    Action("shell", "exclamation_mark", "Shell",
+           "a shell on the node in its run directory (ssh with the fleet file's settings); "
+           "exit it to come back", rpc=False, unguarded=True),
     Action("next_node", "n", "Next node", "show the next node", rpc=False),
     Action("fleet", "f", "Fleet", "back to the fleet view", rpc=False),
     Action("theme", "t", "Theme", "cycle the colour theme", rpc=False),
@@ -53,5 +64,6 @@ BY_ID = {a.id: a for a in ACTIONS}
 
 
 def visible(read_only: bool) -> tuple[Action, ...]:
-    """`--read-only` removes every dangerous action, from keys and palette alike."""
-    return tuple(a for a in ACTIONS if not (read_only and a.dangerous))
+    """`--read-only` removes every dangerous action (and the shell), from keys and palette
+    alike."""
+    return tuple(a for a in ACTIONS if not (read_only and a.read_write))

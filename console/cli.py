@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fleet", default=None, help="the fleet file (default: "
                         "~/.config/fleetdeck/fleet.toml)")
     parser.add_argument("--read-only", action="store_true",
-                        help="no dangerous actions (stop, down, restart, launch)")
+                        help="no dangerous actions (stop, down, restart, launch) and no shell")
     parser.add_argument("--accept-new-host-key", action="store_true",
                         help="trust an unknown host key (never a changed one)")
     parser.add_argument("--timeout", type=float, default=120.0, help="per call, seconds")

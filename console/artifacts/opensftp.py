@@ -10,14 +10,13 @@ sftp echoes every batch line (`sftp> ...`) as it starts it, and its errors go to
 in order, so the echo of line N+1 says that file N is done and what sftp said in between is
 about file N: the caller checks each file while the rest still downloads.
 
-Host keys are checked strictly against the node's known_hosts, by name and by address (the
-console has verified or accepted the key already); `~/.ssh/config` is honoured by OpenSSH itself.
+Host keys are checked strictly against the node's known_hosts, by name and by address, with
+the options every OpenSSH client here takes (console/openssh.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import shutil
 import signal
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from console.fleet import Node
 from console.localproc import die_with_parent
-from console.transport import known_hosts_path
+from console.openssh import client_options
 
 # Parallel sftp processes, each an SSH connection: over a long RTT one connection is held back
 # by OpenSSH's 2 MiB channel window per round trip, so up to 4; but each also keeps ~4
@@ -88,32 +87,11 @@ def cd_line(run_dir: str) -> bytes | None:
     return _line(f"cd {quote(run_dir)}")
 
 
-def _ssh_value(text: str) -> str:
-    """An `-o Key=value` value: ssh expands %-tokens in paths and splits on whitespace."""
-    text = text.replace("%", "%%")
-    return f'"{text}"' if any(c.isspace() for c in text) else text
-
-
 def sftp_command(sftp: str, node: Node, batch: Path) -> list[str]:
     host = node.host or ""
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 address, which sftp would split at ':' otherwise
-    cmd = [sftp, "-q", "-b", str(batch), "-o", "BatchMode=yes",
-           "-o", "StrictHostKeyChecking=yes",
-           # By address too, as the agent link checks (console/transport.py): a key recorded
-           # under the node's IP that differs stops the copy.
-           "-o", "CheckHostIP=yes",
-           "-o", f"UserKnownHostsFile={_ssh_value(known_hosts_path(node))}",
-           "-o", f"ConnectTimeout={max(1, math.ceil(node.connect_timeout_s))}",
-           # A node that stops answering fails the batch instead of hanging it.
-           "-o", f"ServerAliveInterval={max(1, math.ceil(node.keepalive_s))}",
-           "-o", "ServerAliveCountMax=3"]
-    if node.identity_file:
-        cmd += ["-i", os.path.expanduser(node.identity_file).replace("%", "%%")]
-    if node.port:
-        cmd += ["-P", str(node.port)]
-    if node.user:
-        cmd += ["-o", f"User={_ssh_value(node.user)}"]
+    cmd = [sftp, "-q", "-b", str(batch), "-o", "BatchMode=yes", *client_options(node)]
     return [*cmd, "-c", CIPHERS, "-R", str(REQUESTS), host]
 
 

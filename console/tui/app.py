@@ -48,6 +48,7 @@ from console.tui.screens.decommission import DecommissionScreen
 from console.tui.screens.failures import FailuresScreen
 from console.tui.screens.fleet import FleetScreen
 from console.tui.screens.node import GenerateScreen, NodeView, TrainScreen
+from console.tui.terminal import run_in_terminal
 from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
 from console.tui.widgets.hostkey import HostKeyModal
 from console.tui.widgets.prompt import ValueModal
@@ -70,8 +71,8 @@ FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autot
 FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto",
                  "restart_server": "Restart"}
 # Bound and in the palette, but not worth footer room (rare, or one kind of node only;
-# failures: the footer is full at 200 columns, and its key is in the README's table).
-FOOTER_HIDDEN = frozenset({"export", "theme", "failures"})
+# failures, shell: the footer is full at 200 columns, and their keys are in the README's table).
+FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell"})
 
 
 def action_bindings() -> list[BindingType]:
@@ -119,11 +120,28 @@ class FleetdeckApp(App[int]):
         self._changes = 0  # bumped by fetched data and link events
         self._asking_host_key: set[str] = set()
         self._keys = {a.id: a.key for a in ACTIONS}
+        self._terminal_lent = False  # a shell on a node has the terminal
 
     def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
                timeout: float | None = None, markup: bool = False) -> None:
         """Notifications carry node and agent text: never parse it as markup by default."""
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
+    def bell(self) -> None:
+        if not self._terminal_lent:  # the writer is stopped while another program has it
+            super().bell()
+
+    async def lend_terminal(self, argv: list[str], cwd: str | None = None,
+                            held: Callable[[int], str | None] = lambda _code: None) -> int:
+        """The terminal to argv until it exits (console/tui/terminal.py); its exit status."""
+        if self._terminal_lent:
+            raise RuntimeError("the terminal is already lent")
+        self._terminal_lent = True
+        try:
+            return await run_in_terminal(self, argv, cwd, held)
+        finally:
+            self._terminal_lent = False
+            self.call_after_refresh(self.redraw)
 
     # -- start ------------------------------------------------------------------------------
 
@@ -462,13 +480,13 @@ class FleetdeckApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "do" and parameters:
             a = BY_ID.get(str(parameters[0]))
-            if a is None or (self.read_only and a.dangerous):
+            if a is None or (self.read_only and a.read_write):
                 return False  # --read-only: gone from the keys, the footer and the palette
         return True
 
     async def action_do(self, action_id: str) -> None:
         a = BY_ID.get(action_id)
-        if a is None or (self.read_only and a.dangerous):
+        if a is None or (self.read_only and a.read_write):
             return
         campaign = self.current_campaign()
         if action_id in NAVIGATION:

@@ -9,12 +9,15 @@ import time
 from functools import partial
 from typing import Any
 
+from textual.app import SuspendNotSupported
+
 from agents.rpc.protocol import RpcError
 from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
 from console.artifacts.decommission import generation_campaign
 from console.sanitize import shown_markup
+from console.shell import SSH_FAILED, NoShell, shell_command
 from console.tui.fetched import log_names
 from console.tui.messages import LogFetched, SamplesFetched
 from console.tui.port import ActionPort
@@ -290,6 +293,30 @@ class Controls:
             return
         await self.port.open_screen(FailuresScreen(
             node, partial(self.port.connected_link, node), self.port.clock))
+
+    async def shell(self, node: str) -> None:
+        """A shell on the node in its run dir (ssh, or here for a local node); the TUI comes
+        back when it exits. Needs no link: a node whose agent is down is when one is wanted."""
+        try:
+            command = shell_command(self.port.fleet.node(node))
+        except NoShell as exc:
+            self.port.notify(str(exc), severity="error", timeout=12)
+            return
+        try:
+            code = await self.port.lend_terminal(command.argv, command.cwd, command.held)
+        except SuspendNotSupported:
+            self.port.report(node, "Shell: this console cannot lend its terminal (headless or "
+                             "web); run ssh from a terminal", ok=False)
+            return
+        except OSError as exc:
+            self.port.report(node, f"Shell failed: cannot run {command.argv[0]}: {exc}",
+                             ok=False)
+            return
+        if code == SSH_FAILED and command.cwd is None:
+            self.port.report(node, f"shell: ssh ended with {code}: it could not connect, or "
+                             "the connection broke", ok=False)
+        else:
+            self.port.report(node, f"shell closed (exit status {code})")
 
     # -- artifacts ----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """What the TUI's parts may ask of the app, as narrow Protocols: the action handlers
-(`ActionPort`: the fleet state, a call to a node, a question, a screen, a notification) and the
+(`ActionPort`: the fleet state, a call to a node, a question, a screen, a notification, the
+terminal lent to a shell) and the
 command palette (`PalettePort`). FleetdeckApp provides both; nothing below it imports the app,
 so a handler gets what it needs and no more."""
 
@@ -63,6 +64,11 @@ class ActionPort(Protocol):
 
     async def show_node(self, name: str) -> NodeView:
         """The node's screen, opened if another is shown."""
+
+    async def lend_terminal(self, argv: list[str], cwd: str | None = None,
+                            held: Callable[[int], str | None] = lambda _code: None) -> int:
+        """Run argv on the terminal, the TUI suspended, until it exits; its exit status.
+        Raises textual.app.SuspendNotSupported (no terminal to lend) or OSError."""
 
     def post_message(self, message: Message) -> bool:
         """Hand fetched data to the app, which keeps it and redraws."""
