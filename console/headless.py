@@ -101,6 +101,7 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
     if p is not None:
         eta = p.eta_hours
         line += (f"  {p.completed}/{p.total} done, {p.failed} failed, "
+                 f"{truncated_split(p.truncated, p.truncated_loops)}"
                  f"{p.rate_per_sec:.2f}/s, ETA {'?' if eta is None else f'{eta:.2f} h'}")
         if eta and p.eta_p10_hours is not None:
             slow = "?" if p.eta_p90_hours is None else f"{p.eta_p90_hours:.2f}"
@@ -130,6 +131,14 @@ def _human(entry: NodeStatus, node: Node | None = None) -> str:
         if pg.last_error:
             line += f"; last error: {shown(pg.last_error)}"
     return line
+
+
+def truncated_split(truncated: int, loops: int) -> str:
+    """`truncated N (loops L, long G), ` when answers were cut: loops gain nothing from a
+    retry (`retry NODE truncated --long-only` sends the long ones)."""
+    if not truncated:
+        return ""
+    return f"truncated {truncated} (loops {loops}, long {truncated - loops}), "
 
 
 def server_line(s: ServerStatus) -> str:
@@ -210,7 +219,7 @@ VERB_PARAMS: dict[str, Any] = {
     "resize": lambda a: {"value": a.value, **({"server": a.server} if a.server is not None
                                               else {})},
     "max_tokens": lambda a: {"value": a.value},
-    "retry": lambda a: {"what": a.what},
+    "retry": lambda a: {"what": a.what, **({"long_only": True} if a.long_only else {})},
     "restart_server": lambda a: {"server": a.server},
     "logs": lambda a: {"name": a.name, "n": a.n},
     "samples": lambda a: {"n": a.n},
@@ -307,6 +316,9 @@ def add_verbs(sub: Any) -> None:
     p.add_argument("what", choices=["failed", "truncated"])
     p.add_argument("--max-tokens", type=int, default=None,
                    help="a CAMPAIGN: the new generation's max_tokens (else each node's)")
+    p.add_argument("--long-only", action="store_true",
+                   help="truncated: only the long answers, not those cut in a repetition "
+                   "loop (more tokens buy a loop nothing)")
     p = verb("restart-server", "restart_server", "restart one server")
     p.add_argument("server", type=int)
     p = verb("logs", "logs", "tail a log (generate, supervisor, sglang_gpuN)")

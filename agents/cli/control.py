@@ -41,6 +41,8 @@ def add_parsers(sub: Any) -> None:
                        "max-tokens raise")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("what", choices=["failed", "truncated"])
+    p.add_argument("--long-only", action="store_true",
+                   help="truncated: only the long answers, not those cut in a repetition loop")
     p.set_defaults(handler=cmd_retry)
 
 
@@ -110,7 +112,12 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    def change(c: Control) -> None:
-        setattr(c.retry, args.what, getattr(c.retry, args.what) + 1)
+    if args.long_only and args.what != "truncated":
+        print("retry: --long-only goes with truncated only", file=sys.stderr)
+        return 2
+    what = "long" if args.long_only else args.what  # long: truncated, loops left out
 
-    return _control(args, "retry", {"what": args.what}, change)
+    def change(c: Control) -> None:
+        setattr(c.retry, what, getattr(c.retry, what) + 1)
+
+    return _control(args, "retry", {"what": args.what, "long_only": args.long_only}, change)

@@ -23,6 +23,7 @@ class Totals:
     output_tokens: int = 0
     reasoning_tokens: int = 0
     truncated: int = 0  # current lines here that stopped at max_tokens
+    loops: int = 0  # of those, the ones that ended in a repetition loop (loops.py)
     empty: int = 0
     retried: int = 0  # tries of a request sent again (not in any line: carried, not recounted)
     lines: int = 0  # batch lines written, every attempt
@@ -31,16 +32,20 @@ class Totals:
     truncated_by_limit: dict[str, int] = field(default_factory=dict)
     # A bit per index: its current line here stopped at max_tokens (grown as indices come).
     cut: bytearray = field(default_factory=bytearray)
+    # A bit per index: its current line here is truncated and ended in a loop. What `retry
+    # truncated --long-only` leaves out.
+    looped: bytearray = field(default_factory=bytearray)
 
     def add_line(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int,
                  finish_reason: str, max_tokens: int, attempt: int, empty: bool,
-                 index: int) -> None:
+                 index: int, loop: bool = False) -> None:
         """One batch line of `index`. A line above attempt 1 supersedes the index's current
         line here, which counted as truncated only if its bit is set: on one node `retry
         truncated` is the only way to a second attempt of an index with a line, but on a
         campaign node the line a retry generation replaces may be another node's (or a line
         of this node's that lost its chunk's commit, cut or not). So `truncated` is never
-        below the bits set, never negative."""
+        below the bits set, never negative. `loop`: a truncated line that ended in a
+        repetition loop (loops.is_loop of its tail), judged off the loop by the caller."""
         self.lines += 1
         self.input_tokens += prompt_tokens
         self.output_tokens += completion_tokens
@@ -49,12 +54,20 @@ class Totals:
         byte, mask = index >> 3, 1 << (index & 7)
         if byte >= len(self.cut):
             self.cut.extend(bytes(byte + 1 - len(self.cut)))
+        if byte >= len(self.looped):
+            self.looped.extend(bytes(byte + 1 - len(self.looped)))
         if attempt > 1 and self.cut[byte] & mask:
             self.truncated -= 1
             self.cut[byte] &= ~mask
+            if self.looped[byte] & mask:
+                self.loops -= 1
+                self.looped[byte] &= ~mask
         if truncated:
             self.truncated += 1
             self.cut[byte] |= mask
+            if loop:
+                self.loops += 1
+                self.looped[byte] |= mask
         self.empty += empty
         self.count_answer(max_tokens, truncated)
 
@@ -64,6 +77,11 @@ class Totals:
         self.answers_by_limit[key] = self.answers_by_limit.get(key, 0) + 1
         if truncated:
             self.truncated_by_limit[key] = self.truncated_by_limit.get(key, 0) + 1
+
+    def is_looped(self, index: int) -> bool:
+        """The current line of `index` here is truncated in a loop."""
+        byte = index >> 3
+        return byte < len(self.looped) and bool(self.looped[byte] & (1 << (index & 7)))
 
 
 @dataclass(slots=True)

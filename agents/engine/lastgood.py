@@ -52,4 +52,5 @@ def last_good_control(progress_raw: bytes | None, concurrency: int, max_tokens: 
                    concurrency=Concurrency(default=good_concurrency),
                    max_tokens=good_tokens, paused=applied.paused,
                    retry=RetryRequests(failed=retry_applied.get("failed", 0),
-                                       truncated=retry_applied.get("truncated", 0)))
+                                       truncated=retry_applied.get("truncated", 0),
+                                       long=retry_applied.get("long", 0)))

@@ -133,7 +133,7 @@ def progress_of(e: Engine) -> Progress:
         busy_answers=e.busy_answers,
         loop_lag_ms=round(e.lag.recent_ms(), 1), loop_lag_max_ms=round(e.lag.worst_ms, 1),
         answers_by_limit=dict(t.answers_by_limit),
-        truncated_by_limit=dict(t.truncated_by_limit),
+        truncated_by_limit=dict(t.truncated_by_limit), truncated_loops=t.loops,
         campaign=e.spec.run.campaign, queue=queue,
     ))
 

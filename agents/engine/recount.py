@@ -3,9 +3,10 @@ seconds with the point in the batch store it has counted up to, plus a recount o
 written after that point.
 
 What each total comes from:
-- tokens, lines, truncated, empty, answers and truncations by max_tokens: the batch lines (the
-  record only saves reading the lines before its point, and keeps which indices' current
-  lines are truncated, compressed), so they are exact after any crash;
+- tokens, lines, truncated, loops among them (told from each line's text by loops.py), empty,
+  answers and truncations by max_tokens: the batch lines (the record only saves reading the
+  lines before its point, and keeps which indices' current lines are truncated and which
+  loops, compressed), so they are exact after any crash;
 - completed and failed: .done_indices and failures.jsonl (the store and the journal);
 - GPU-hours and retries within a request, which no line holds: the newer of totals.json and a
   readable progress.json, so a kill -9 loses about a second of them and a power loss at most
@@ -27,6 +28,7 @@ from pathlib import Path
 import msgspec
 
 from agents.engine.accounting import Totals
+from agents.engine.loops import answer_tail, is_loop
 from agents.engine.store import BatchStore, StoreError
 from agents.rundir.atomic import atomic_write
 from agents.rundir.schema import Progress, Usage, progress_decoder
@@ -57,6 +59,10 @@ class TotalsRecord(msgspec.Struct, forbid_unknown_fields=True):
     # Totals.cut (a bit per index: its current line is truncated), zlib, base64. None in a
     # record written before it was kept: such a record cannot carry `truncated` on.
     cut: str | None = None
+    # Loops among the truncated (loops.py) and Totals.looped, coded as `cut`. None in a record
+    # written before loops were told apart: such a record cannot carry `loops` on.
+    loops: int = 0
+    looped: str | None = None
 
     def totals(self) -> Totals:
         return Totals(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
@@ -64,8 +70,15 @@ class TotalsRecord(msgspec.Struct, forbid_unknown_fields=True):
                       empty=self.empty, retried=self.retried, lines=self.lines,
                       gpu_hours=self.gpu_hours, answers_by_limit=dict(self.answers_by_limit),
                       truncated_by_limit=dict(self.truncated_by_limit),
-                      cut=bytearray(zlib.decompress(base64.b64decode(self.cut or ""))
-                                    if self.cut else b""))
+                      cut=_bits(self.cut), loops=self.loops, looped=_bits(self.looped))
+
+
+def _bits(coded: str | None) -> bytearray:
+    return bytearray(zlib.decompress(base64.b64decode(coded)) if coded else b"")
+
+
+def _coded(bits: bytearray) -> str:
+    return base64.b64encode(zlib.compress(bytes(bits), 1)).decode()
 
 
 def record_of(t: Totals, at: tuple[int, int], gpu_hours: float) -> TotalsRecord:
@@ -76,7 +89,7 @@ def record_of(t: Totals, at: tuple[int, int], gpu_hours: float) -> TotalsRecord:
                         answers_by_limit=dict(t.answers_by_limit),
                         truncated_by_limit=dict(t.truncated_by_limit), retried=t.retried,
                         gpu_hours=round(gpu_hours, 6), written_at=time.time(),
-                        cut=base64.b64encode(zlib.compress(bytes(t.cut), 1)).decode())
+                        cut=_coded(t.cut), loops=t.loops, looped=_coded(t.looped))
 
 
 _record_decoder = msgspec.json.Decoder(TotalsRecord)
@@ -96,6 +109,7 @@ class _Counted(msgspec.Struct):
     max_tokens: int = 0
     attempt: int = 1
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[msgspec.Raw] | None = None
 
 
@@ -117,8 +131,10 @@ def add_lines(t: Totals, lines: Iterable[tuple[Path, int, bytes]],
             bad.append(f"{path.name}:{lineno}")
             continue
         u = c.usage
+        loop = c.finish_reason == "length" and is_loop(answer_tail(c.content,
+                                                                   c.reasoning_content))
         t.add_line(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, c.finish_reason,
-                   c.max_tokens, c.attempt, not c.content and not c.tool_calls, c.index)
+                   c.max_tokens, c.attempt, not c.content and not c.tool_calls, c.index, loop)
         n += 1
     return n
 
@@ -179,6 +195,11 @@ def recover_totals(run_dir: Path, store: BatchStore, progress_raw: bytes | None,
             # Which indices' lines are the truncated ones is what a later line superseding
             # one needs to know; a record from before it was kept cannot say.
             warnings.append(f"{path} keeps no truncated bits (an older engine wrote it): every "
+                            "line counted again")
+            t, start = Totals(gpu_hours=rec.gpu_hours, retried=rec.retried), (0, 0)
+        elif rec.looped is None and rec.truncated:
+            # Which truncated lines are loops is told from their text: count them again.
+            warnings.append(f"{path} keeps no loop bits (an older engine wrote it): every "
                             "line counted again")
             t, start = Totals(gpu_hours=rec.gpu_hours, retried=rec.retried), (0, 0)
     missing: list[str] = []

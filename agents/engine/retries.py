@@ -1,5 +1,5 @@
 """What `retry truncated` sends again: current lines (the highest attempt of an index) that
-stopped at a max_tokens below today's."""
+stopped at a max_tokens below today's; with --long-only, not those that ended in a loop."""
 
 from __future__ import annotations
 
@@ -17,11 +17,18 @@ class _LineFields(msgspec.Struct):
     max_tokens: int = 0
     attempt: int = 1
 
+def _bit(bits: bytearray, index: int) -> bool:
+    byte = index >> 3
+    try:
+        return bool(bits[byte] & (1 << (index & 7)))
+    except IndexError:  # past the bits: no line of it counted here yet
+        return False
 
 
 def find_truncated(folder: Path, done: DoneSet, inflight: set[int],
-                   max_tokens: int) -> list[tuple[int, int]]:
-    """(index, attempt) of current lines that hit a max_tokens below `max_tokens`."""
+                   max_tokens: int, looped: bytearray | None = None) -> list[tuple[int, int]]:
+    """(index, attempt) of current lines that hit a max_tokens below `max_tokens`; with
+    `looped` (Totals.looped: a bit per index whose current line is a loop), the others."""
     decoder = msgspec.json.Decoder(_LineFields)
     found = []
     for batch in batch_files(folder):
@@ -37,6 +44,7 @@ def find_truncated(folder: Path, done: DoneSet, inflight: set[int],
                 line = decoder.decode(raw)
                 if (line.finish_reason == "length" and line.max_tokens < max_tokens
                         and done.attempt(line.index) == line.attempt
-                        and line.index not in inflight):
+                        and line.index not in inflight
+                        and not (looped is not None and _bit(looped, line.index))):
                     found.append((line.index, line.attempt))
     return found

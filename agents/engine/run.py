@@ -39,6 +39,7 @@ from agents.engine.hedge import Hedger, Job
 from agents.engine.journal import Journal, failed, requeued, retry_applied
 from agents.engine.lastgood import control_problem, last_good_control
 from agents.engine.looplag import LoopLag
+from agents.engine.loops import answer_tail, is_loop
 from agents.engine.offsets import FILE as OFFSETS_FILE
 from agents.engine.offsets import OffsetIndex, StaleOffsets
 from agents.engine.pin import check_pin, publish_pin
@@ -666,15 +667,15 @@ class Engine:
                 continue
             try:
                 async with self._store_lock:
-                    closed = await asyncio.to_thread(self.store.write_group,
-                                                     [(i, a, raw) for i, a, raw, _, _ in group])
+                    closed, loops = await asyncio.to_thread(self._write_and_judge, group)
             except OSError as exc:
                 # A full disk, a failing device: the store cut the failed piece back to the
                 # last durable offset; what it committed before (a batch the group filled)
                 # counts. Stop; a resume redoes the rest.
                 done = self.store.done
                 kept = [g for g in group if done.has(g[0], g[1])]
-                self._count(kept)
+                # Stopping: the few kept lines are judged here, once.
+                self._count(kept, loops_in(kept))
                 if self.queue is not None:
                     for i, a, _, _, _ in kept:
                         self.queue.resolved(i, a)
@@ -688,7 +689,7 @@ class Engine:
                 continue
             for i, _, _, _, _ in group:
                 self._inflight.discard(i)
-            self._count(group)
+            self._count(group, loops)
             self._counted_at = (self.store.next_number, self.store.open_lines)
             self._closed(closed)
             if self.queue is not None:
@@ -697,14 +698,23 @@ class Engine:
             for _ in group:
                 q.task_done()
 
-    def _count(self, group: list[tuple[int, int, bytes, BatchLine, str | None]]) -> None:
-        """Durable lines into the totals, by the rule a recount after a crash follows."""
+    def _write_and_judge(self, group: list[tuple[int, int, bytes, BatchLine, str | None]]
+                         ) -> tuple[list[ClosedBatch], set[int]]:
+        """In the writer's thread: the group durably, then which of its truncated lines are
+        loops (after the fsync, so durability never waits for it; never on the loop)."""
+        closed = self.store.write_group([(i, a, raw) for i, a, raw, _, _ in group])
+        return closed, loops_in(group)
+
+    def _count(self, group: list[tuple[int, int, bytes, BatchLine, str | None]],
+               loops: set[int]) -> None:
+        """Durable lines into the totals, by the rule a recount after a crash follows
+        (`loops`: the indices of the group's truncated lines that ended in a loop)."""
         t = self.meter.totals
         for index, attempt, _, line, _ in group:
             u = line.usage
             t.add_line(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens,
                        line.finish_reason, line.max_tokens, attempt,
-                       not line.content and not line.tool_calls, index)
+                       not line.content and not line.tool_calls, index, index in loops)
             self.meter.rate.add()
 
     def _stop_on_write_error(self, what: str, exc: OSError) -> None:
@@ -779,7 +789,8 @@ class Engine:
         applied = self.journal.state.retry_applied
         if self.queue is not None:
             if control.retry.failed > applied.get("failed", 0) or \
-                    control.retry.truncated > applied.get("truncated", 0):
+                    control.retry.truncated > applied.get("truncated", 0) or \
+                    control.retry.long > applied.get("long", 0):
                 self._control_note = ("retry is the campaign's on a queue node: `fleetdeck "
                                       "retry CAMPAIGN failed|truncated` makes a generation "
                                       "every node runs; this node's own retry is not applied")
@@ -789,6 +800,9 @@ class Engine:
             self._spawn_retry(self._retry_failed(control.retry.failed))
         if control.retry.truncated > applied.get("truncated", 0):
             self._spawn_retry(self._retry_truncated(control.retry.truncated, control.max_tokens))
+        if control.retry.long > applied.get("long", 0):
+            self._spawn_retry(self._retry_truncated(control.retry.long, control.max_tokens,
+                                                    long_only=True))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -855,16 +869,23 @@ class Engine:
         log.info("retry failed (rev %d): %d indices requeued", rev, len(indices))
         self._wake_feeder()
 
-    async def _retry_truncated(self, rev: int, max_tokens: int) -> None:
+    async def _retry_truncated(self, rev: int, max_tokens: int, long_only: bool = False
+                               ) -> None:
+        """`long_only`: leave out the lines that ended in a loop (their bit in the totals,
+        set from the same lines a recount reads): more tokens buy a loop nothing."""
+        # The live bits, not a copy: a line counted while the scan runs is judged by its bit
+        # too (the bytearray only grows; the thread reads single bytes). Left: a line the
+        # scan reads between its fsync and its count (a millisecond) counts as long.
+        looped = self.meter.totals.looped if long_only else None
         found = await asyncio.to_thread(find_truncated, self.store.folder, self.store.done,
-                                        self._inflight, max_tokens)
+                                        self._inflight, max_tokens, looped)
         events = [requeued(i, a + 1, "truncated") for i, a in found]
-        events.append(retry_applied("truncated", rev))
+        events.append(retry_applied("long" if long_only else "truncated", rev))
         await self._journal(events)
         for i, _ in found:
             self._requeue_reason[i] = "truncated"
-        log.info("retry truncated (rev %d): %d indices requeued at max_tokens %d", rev,
-                 len(found), max_tokens)
+        log.info("retry truncated%s (rev %d): %d indices requeued at max_tokens %d",
+                 " --long-only" if long_only else "", rev, len(found), max_tokens)
         self._wake_feeder()
 
     def _wake_feeder(self) -> None:
@@ -968,3 +989,9 @@ def event_loop_runner() -> Any:
         else:
             return uvloop.run
     return asyncio.run
+
+
+def loops_in(group: list[tuple[int, int, bytes, BatchLine, str | None]]) -> set[int]:
+    """The indices of a group's truncated lines whose text ends in a loop (loops.py)."""
+    return {i for i, _, _, line, _ in group if line.finish_reason == "length"
+            and is_loop(answer_tail(line.content, line.reasoning_content))}

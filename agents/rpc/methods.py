@@ -93,6 +93,10 @@ class ControlMethods:
             what = p.get("what")
             if what not in ("failed", "truncated"):
                 raise RpcError(INVALID_PARAMS, f"what must be failed or truncated, got {what!r}")
+            if p.get("long_only"):
+                if what != "truncated":
+                    raise RpcError(INVALID_PARAMS, "long_only goes with truncated only")
+                what = "long"  # the truncated indices whose line is not a loop
             return self._write("retry", p, lambda c: setattr(
                 c.retry, what, getattr(c.retry, what) + 1))
 
@@ -160,6 +164,10 @@ class ControlMethods:
             what = p.get("what")
             if what not in ("failed", "truncated"):
                 raise RpcError(INVALID_PARAMS, f"what must be failed or truncated, got {what!r}")
+            if p.get("long_only"):
+                # A campaign's retry is built from its commits, which keep no loop bits.
+                raise RpcError(INVALID_PARAMS, "--long-only is a node's retry, not a "
+                               "campaign's: retry each node, or the campaign's truncated all")
             mt = p.get("max_tokens")
             if mt is not None:
                 mt = _int(p, "max_tokens", 1)

@@ -115,6 +115,8 @@ class RetryRequests(msgspec.Struct):
 
     failed: int = 0
     truncated: int = 0
+    # `retry truncated --long-only`: the truncated indices whose line is not a loop.
+    long: int = 0
 
 
 class Control(msgspec.Struct, forbid_unknown_fields=True):
@@ -235,6 +237,9 @@ class Progress(msgspec.Struct):
     # are the limit as text): truncation is judged against the limit an answer ran with.
     answers_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
     truncated_by_limit: dict[str, int] = msgspec.field(default_factory=dict)
+    # Of `truncated`, the answers that ended in a repetition loop (agents/engine/loops.py):
+    # more max_tokens buys more of the same; the rest are long answers worth a retry.
+    truncated_loops: int = 0
     # The campaign this node's run belongs to ([run] campaign).
     campaign: str | None = None
     # A campaign node (a [queue] run): the campaign's chunks as this node last listed them,

@@ -111,6 +111,9 @@ def _configure(p: argparse.ArgumentParser) -> None:
     sim.add_argument("--truncation-share", type=_share, default=None,
                      help="instead of --answer-median: the share of answers longer than "
                           "4,096 tokens (fewer are cut at a higher max_tokens)")
+    sim.add_argument("--loop-share", type=_share, default=None,
+                     help="this share of prompts loop: they repeat a short phrase up to "
+                          "max_tokens at any limit (a thinking model's repetition loop)")
     sim.add_argument("--tool-call-share", type=_share, default=0.5)
     sim.add_argument("--peak-tokens-per-s", type=float, default=250.0,
                      help="simulated decode speed of one request alone")
@@ -181,6 +184,7 @@ def build(args: argparse.Namespace) -> tuple[SimConfig, SimSettings]:
         load_seconds=args.load_seconds, seed=args.seed,
         answer_median=args.answer_median, answer_spread=args.answer_spread,
         truncation_share=args.truncation_share, tool_call_share=args.tool_call_share,
+        loop_share=args.loop_share,
         peak_tokens_per_s=args.peak_tokens_per_s, knee=args.knee,
         best_concurrency=args.best_concurrency, context_length=args.context_length,
         max_total_num_tokens=args.max_total_tokens or 500_000,

@@ -29,6 +29,9 @@ class SimConfig:
     answer_median: float = 1350.0
     answer_spread: float = 1.21
     truncation_share: float | None = None
+    # This share of prompts fall into a repetition loop (a short phrase over and over) and run
+    # to max_tokens at any limit, as a looping thinking model does; None: no loops.
+    loop_share: float | None = None
     peak_tokens_per_s: float = 250.0  # decode speed of a request running alone
     knee: float = 16.0  # batch size where per-request speed has halved (linear term)
     best_concurrency: float = 40.0  # batch size with the highest total throughput

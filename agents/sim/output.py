@@ -17,6 +17,7 @@ EOS_TOKEN_ID = 151645  # Qwen's <|im_end|>: what `matched_stop` names on a natur
 THINK_OPEN = "<think>\n"
 THINK_CLOSE = "\n</think>\n\n"
 REFERENCE_MAX_TOKENS = 4096  # the limit `--truncation-share` is a share at
+LOOP_PERIOD = 12  # words a looping answer repeats (`--loop-share`)
 
 
 def estimate_tokens(text: str) -> int:
@@ -38,6 +39,7 @@ class OutputPlan:
     tool_name: str | None = None
     tool_arguments: str = "{}"
     empty: bool = False  # the "empty" fault: only an end-of-sequence token, no text
+    loop_from: int = 0  # > 0: from this token on the text repeats LOOP_PERIOD words (a loop)
 
     @property
     def reasoning_tokens(self) -> int:
@@ -95,10 +97,17 @@ class TextBank:
             out.extend(self.ids[: count - len(out)])
         return out
 
-    def join(self, base: int, i: int, j: int) -> str:
-        """Words i..j-1 of the stream starting at base; pieces concatenate to the whole."""
+    def join(self, base: int, i: int, j: int, loop_from: int = 0) -> str:
+        """Words i..j-1 of the stream starting at base; pieces concatenate to the whole.
+        With `loop_from`, word k >= loop_from is the word LOOP_PERIOD back: a loop."""
         if j <= i:
             return ""
+        if loop_from and j > loop_from:
+            words = [self.words_at(base + (k if k < loop_from else
+                                           loop_from + (k - loop_from) % LOOP_PERIOD), 1)[0]
+                     for k in range(i, j)]
+            text = " ".join(words)
+            return " " + text if i > 0 else text
         text = " ".join(self.words_at(base + i, j - i))
         return " " + text if i > 0 else text
 
@@ -110,7 +119,7 @@ class TextBank:
         if plan.thinking:
             r = plan.reasoning_len
             opened = a == 0
-            reasoning = self.join(plan.offset, max(a, 1) - 1, min(b, r + 1) - 1)
+            reasoning = self.join(plan.offset, max(a, 1) - 1, min(b, r + 1) - 1, plan.loop_from)
             closed = a <= r + 1 < b
             ans_a, ans_b = max(a, r + 2) - (r + 2), b - (r + 2)
         else:
@@ -125,7 +134,8 @@ class TextBank:
                     call = ('<tool_call>\n{"name": "' + plan.tool_name + '", "arguments": '
                             + plan.tool_arguments + "}\n</tool_call>")
             else:
-                content = self.join(plan.offset + plan.reasoning_len + 1, ans_a, ans_b)
+                content = self.join(plan.offset + plan.reasoning_len + 1, ans_a, ans_b,
+                                    plan.loop_from)
         raw = (THINK_OPEN if opened else "") + reasoning + (THINK_CLOSE if closed else "")
         return Piece(reasoning, content, raw + content, call)
 
@@ -183,6 +193,11 @@ class OutputPlanner:
             return OutputPlan(1, "stop", False, 0, accept, offset, empty=True)
         room = max(1, cfg.context_length - prompt_tokens)
         cap = min(max_tokens, room) if max_tokens and max_tokens > 0 else room
+        if cfg.loop_share is not None and rng.random() < cfg.loop_share:
+            # Looping (the prompt's own draw: it loops again when sent again): it thinks in
+            # circles from a quarter of the way (at most 200 tokens in) to the cut.
+            return OutputPlan(cap, "length", thinking, cap if thinking else 0, accept, offset,
+                              loop_from=max(1, min(200, cap // 4)))
         reasoning = 0
         if thinking:
             natural = max(natural, 3)

@@ -27,6 +27,21 @@ class _Sample:
     server_completed: dict[str, int]
     answers_by_limit: dict[str, int]
     truncated_by_limit: dict[str, int]
+    loops: int = 0  # of `truncated`, repetition loops (agents/engine/loops.py)
+
+
+def loop_advice(cut: int, loops: int) -> str:
+    """What to do about `cut` truncated answers of which `loops` ended in a repetition loop:
+    loops gain nothing from more tokens, so only the long ones are worth a retry."""
+    if cut <= 0 or loops <= 0:
+        return ""  # no loops seen: the plain advice (raise max_tokens, retry truncated) holds
+    long = max(0, cut - loops)
+    split = f" ({loops} of {cut} cut are loops, {long} long)"
+    if long == 0:
+        return (f"{split}: more max_tokens buys more of the same; look at `samples` and the "
+                "sampling (repetition/presence penalty, temperature) instead of retrying")
+    return (f"{split}: raise max_tokens for the long ones, then `retry truncated --long-only` "
+            "(retrying the loops doubles their cost for nothing)")
 
 
 # What to do about idle GPUs: console actions (console/actions.py), named by id.
@@ -216,7 +231,8 @@ class AlertBook:
                                          progress.truncated, progress.empty,
                                          {k: v.completed for k, v in progress.servers.items()},
                                          dict(progress.answers_by_limit),
-                                         dict(progress.truncated_by_limit)))
+                                         dict(progress.truncated_by_limit),
+                                         progress.truncated_loops))
             prev = self._samples[-2] if len(self._samples) > 1 else None
             if prev is None or progress.completed > prev.completed:
                 self._last_completion.setdefault("run", now)
@@ -252,15 +268,20 @@ class AlertBook:
                     # Only answers that ran with today's limit: after a raise, answers cut
                     # under the old one keep arriving and say nothing of the new limit.
                     share, answers = judged
+                    advice = loop_advice(progress.truncated - first.truncated,
+                                         progress.truncated_loops - first.loops)
                     if answers >= self.cfg.min_samples and share > self.cfg.truncation_rate:
                         alert("truncation_rate", "warning",
                               f"{share:.1%} of the last {answers} answers at max_tokens "
-                              f"{progress.max_tokens} hit it: consider raising max_tokens")
+                              f"{progress.max_tokens} hit it: consider raising max_tokens"
+                              f"{advice}")
                 elif done >= self.cfg.min_samples:
                     trunc = (progress.truncated - first.truncated) / done
                     if trunc > self.cfg.truncation_rate:
                         alert("truncation_rate", "warning",
-                              self._truncation_message(trunc, first.t))
+                              self._truncation_message(trunc, first.t)
+                              + loop_advice(progress.truncated - first.truncated,
+                                            progress.truncated_loops - first.loops))
                 if done >= self.cfg.min_samples:
                     empty = (progress.empty - first.empty) / done
                     if empty > self.cfg.empty_rate:

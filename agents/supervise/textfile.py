@@ -28,6 +28,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "fleetdeck_run_completed": ("gauge", "Prompts answered so far."),
     "fleetdeck_run_failed": ("gauge", "Prompts failed so far."),
     "fleetdeck_run_truncated": ("gauge", "Answers cut at max_tokens so far."),
+    "fleetdeck_run_truncated_loops": ("gauge", "Of the answers cut, those that ended in a "
+                                      "repetition loop."),
     "fleetdeck_run_empty": ("gauge", "Answers empty or reasoning-only so far."),
     "fleetdeck_run_progress_ratio": ("gauge", "Completed over prompts, 0..1."),
     "fleetdeck_run_requests_per_second": ("gauge", "The engine's completion rate."),
@@ -84,6 +86,7 @@ def render(snap: Snapshot, now: float | None = None) -> str:
         put("fleetdeck_run_completed", p.completed)
         put("fleetdeck_run_failed", p.failed)
         put("fleetdeck_run_truncated", p.truncated)
+        put("fleetdeck_run_truncated_loops", p.truncated_loops)
         put("fleetdeck_run_empty", p.empty)
         put("fleetdeck_run_progress_ratio", p.completed / p.total if p.total else 0.0)
         put("fleetdeck_run_requests_per_second", p.rate_per_sec)

@@ -331,6 +331,11 @@ async def cmd_campaign_retry(fleet: Fleet, campaign: Campaign, args: argparse.Na
     if refusal is not None:
         say(refusal)
         return EXIT_USAGE
+    if getattr(args, "long_only", False):
+        # A campaign's generation is built from its commits, which keep no loop bits.
+        say(f"fleetdeck retry: --long-only is a node's retry, not campaign {campaign.name}'s "
+            "(its new generation comes from the commits, which do not tell loops apart)")
+        return EXIT_USAGE
     params: dict[str, Any] = {"what": args.what}
     if getattr(args, "max_tokens", None):
         params["max_tokens"] = args.max_tokens

@@ -224,9 +224,14 @@ class Controls:
     async def retry(self, node: str) -> None:
         p = self.progress(node)
         detail = (f"failed now {f.num(p.failed)}, truncated {f.num(p.truncated)}"
+                  + (f" (loops {f.num(p.truncated_loops)}, long "
+                     f"{f.num(p.truncated - p.truncated_loops)})" if p.truncated_loops else "")
                   if p is not None else None)
         what = await self.port.ask(RetryModal(node, detail))
-        if what:
+        if what == "long":
+            await self.simple(node, "retry", "retry truncated --long-only: re-queued",
+                              {"what": "truncated", "long_only": True})
+        elif what:
             await self.simple(node, "retry", f"retry {what}: re-queued", {"what": what})
 
     # -- looking ----------------------------------------------------------------------------

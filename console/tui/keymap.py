@@ -6,7 +6,8 @@ Binding ids are snake_case, one style for all:
   method name for a node action: `pause`, `max_tokens`, `restart_server`; plus `back` (escape,
   to the fleet) and `quit`;
 - a screen's or a modal's is `<screen>_<what>`: `confirm_yes`, `confirm_no`, `prompt_cancel`,
-  `choice_cancel`, `retry_failed`, `retry_truncated`, `decommission_pull`,
+  `choice_cancel`, `retry_failed`, `retry_truncated`, `retry_long`,
+  `decommission_pull`,
   `decommission_check`, `decommission_close`, `failures_refresh`, `failures_close`.
 """
 

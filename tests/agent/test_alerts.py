@@ -163,3 +163,28 @@ def test_truncation_is_judged_against_the_limit_each_answer_ran_with() -> None:
     alerts = book.evaluate(at(8192, worse), [], None, now=80)
     message = next(a.message for a in alerts if a.code == "truncation_rate")
     assert "at max_tokens 8192" in message and "4096" not in message
+
+
+def test_truncation_advice_tells_loops_from_long_answers() -> None:
+    """Loops gain nothing from more tokens: the advice names the split and sends only the
+    long ones back; when every cut answer in the window is a loop it says not to retry."""
+    def at(answers: int, cut: int, loops: int):
+        p = progress(answers, truncated=cut)
+        p.answers_by_limit = {"4096": answers}
+        p.truncated_by_limit = {"4096": cut}
+        p.truncated_loops = loops
+        return p
+
+    book = AlertBook(CFG)
+    book.evaluate(at(0, 0, 0), [], None, now=0)
+    alerts = book.evaluate(at(100, 20, 15), [], None, now=30)
+    message = next(a.message for a in alerts if a.code == "truncation_rate")
+    assert "(15 of 20 cut are loops, 5 long)" in message
+    assert "retry truncated --long-only" in message
+
+    book = AlertBook(CFG)
+    book.evaluate(at(0, 0, 0), [], None, now=0)
+    alerts = book.evaluate(at(100, 20, 20), [], None, now=30)
+    message = next(a.message for a in alerts if a.code == "truncation_rate")
+    assert "(20 of 20 cut are loops, 0 long)" in message
+    assert "--long-only" not in message and "instead of retrying" in message

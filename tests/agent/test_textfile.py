@@ -8,9 +8,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.rundir.schema import Alert, PagerStatus, ServerStatus, Snapshot
+from agents.rundir.schema import Alert, PagerStatus, Progress, ServerStatus, Snapshot
 from agents.supervise.textfile import render, write
 from tests.agent.test_alerts import progress
+
+
+def _with_loops(p: Progress) -> Progress:
+    p.truncated, p.truncated_loops = 30, 21
+    return p
 
 
 def snapshot() -> Snapshot:
@@ -24,7 +29,7 @@ def snapshot() -> Snapshot:
               Alert(code="stall", severity="critical", message="quiet", since=2.0)]
     return Snapshot(kind="generate", run='qwen "big"\nrun\\x', run_dir="/data/r",
                     host="box", status="running", updated_at=10.0, source="supervisor",
-                    progress=progress(400), servers=servers, alerts=alerts,
+                    progress=_with_loops(progress(400)), servers=servers, alerts=alerts,
                     pager=PagerStatus(format="slack", posted=2, dropped=1, pending=3))
 
 
@@ -38,6 +43,8 @@ def test_the_textfile_parses_with_prometheus_client(tmp_path: Path) -> None:
     assert fams["fleetdeck_run_completed"].samples[0].value == 400
     assert fams["fleetdeck_run_progress_ratio"].samples[0].value == 0.04
     assert fams["fleetdeck_run_eta_seconds"].samples[0].value == 3600
+    assert fams["fleetdeck_run_truncated"].samples[0].value == 30
+    assert fams["fleetdeck_run_truncated_loops"].samples[0].value == 21
     up = {s.labels["server"]: (s.labels["gpus"], s.value)
           for s in fams["fleetdeck_server_up"].samples}
     assert up == {"0": ("0-1", 1.0), "1": ("2", 0.0)}

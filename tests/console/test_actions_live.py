@@ -4,6 +4,7 @@ one run and go in file order (the last one takes it down)."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,16 @@ async def test_live_controls(live_run: LiveRun) -> None:
                     and f"rev {progress(app).control_rev}" in screen_text(app), 120,
                     "a new control rev")
         await until(pilot, lambda: rec.has("retry truncated"), 120, "the retry reported")
+        # Long only: the loops left out, its own counter in control.json, applied once.
+        rev = progress(app).control_rev
+        await pilot.press("R")
+        await until(pilot, lambda: on_screen(app, ChoiceModal), 120, "retry choice again")
+        await pilot.press("l")
+        await until(pilot, lambda: progress(app).control_rev > rev, 120, "long-only applied")
+        await until(pilot, lambda: rec.has("retry truncated --long-only"), 120,
+                    "the long-only retry reported")
+        control = json.loads((live_run.run_dir / "control.json").read_text())
+        assert control["retry"] == {"failed": 0, "truncated": 1, "long": 1}
 
         # Logs and samples fill their panes.
         await pilot.press("l")

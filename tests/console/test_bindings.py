@@ -70,7 +70,7 @@ def test_the_keymap_reaches_every_class_with_bindings() -> None:
     assert not missing, f"bindings the keymap cannot move: {missing} (add to KEYMAP_OWNERS)"
     known = binding_ids(KEYMAP_OWNERS)
     assert {"confirm_yes", "confirm_no", "prompt_cancel", "choice_cancel", "retry_failed",
-            "retry_truncated", "decommission_pull", "decommission_check",
+            "retry_truncated", "retry_long", "decommission_pull", "decommission_check",
             "decommission_close", "back", "quit"} <= set(known)
     assert set(ALIASES.values()) <= set(known)
 
@@ -140,15 +140,18 @@ async def test_a_modal_binding_remapped_and_an_old_id_still_works() -> None:
 
         await app.push_screen(RetryModal("gen-1"), answers.append)
         labels = [str(b.label) for b in app.screen.query(Button)]
-        assert labels == ["g failed", "t truncated", "Cancel"]
+        assert labels == ["g failed", "t truncated", "l long only (not loops)", "Cancel"]
         await pilot.press("f")  # the old raw key does nothing now
         await pilot.pause()
         assert isinstance(app.screen, RetryModal)
         await pilot.press("g")
         await until(pilot, lambda: answers[-1] == "failed", 60, "failed on the remapped key")
         await app.push_screen(RetryModal("gen-1"), answers.append)
+        await pilot.press("l")  # truncated, leaving out the loops
+        await until(pilot, lambda: answers[-1] == "long", 60, "long only")
+        await app.push_screen(RetryModal("gen-1"), answers.append)
         await pilot.press("escape")
-        await until(pilot, lambda: answers[-1] is None and len(answers) == 3, 60, "cancel")
+        await until(pilot, lambda: answers[-1] is None and len(answers) == 4, 60, "cancel")
 
 
 async def test_hints_name_the_users_keys() -> None:

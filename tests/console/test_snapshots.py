@@ -153,7 +153,8 @@ def test_value_prompt_modal(snap_compare: Any) -> None:
 
 def test_choice_modal(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
-        await over_gen(pilot, RetryModal("gen-1", "failed now 1,093, truncated 81,216"))
+        await over_gen(pilot, RetryModal(
+            "gen-1", "failed now 1,093, truncated 81,216 (loops 60,112, long 21,104)"))
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
 

@@ -60,3 +60,23 @@ def test_the_status_line_says_what_the_node_paged_and_what_it_lost() -> None:
     # No webhook on the node: no pages line, no paged mark.
     plain = _human(NodeStatus.answered("gen-1", d.generate_snapshot()))
     assert "pages" not in plain and "paged" not in plain
+
+
+def test_the_status_line_splits_the_truncated_into_loops_and_long() -> None:
+    """Loops gain nothing from a retry: the line says how many there are, and the retry verb
+    takes --long-only to send only the others."""
+    from console.cli import build_parser
+    from console.headless import VERB_PARAMS
+
+    snap = d.generate_snapshot()
+    snap["progress"].update(truncated=81_216, truncated_loops=60_112)
+    line = _human(NodeStatus.answered("gen-1", snap), Node(name="gen-1", run_dir="/r", host="h"))
+    assert "failed, truncated 81216 (loops 60112, long 21104), " in line
+    snap["progress"].update(truncated=0, truncated_loops=0)
+    line = _human(NodeStatus.answered("gen-1", snap), Node(name="gen-1", run_dir="/r", host="h"))
+    assert "truncated" not in line
+    parser = build_parser()
+    args = parser.parse_args(["retry", "gen-1", "truncated", "--long-only"])
+    assert VERB_PARAMS["retry"](args) == {"what": "truncated", "long_only": True}
+    assert VERB_PARAMS["retry"](parser.parse_args(["retry", "gen-1", "truncated"])) == \
+        {"what": "truncated"}

@@ -195,3 +195,45 @@ def test_a_retry_line_supersedes_a_truncated_line_only_where_this_run_wrote_one(
            for i, f, a in ((9, "stop", 2), (4, "stop", 3), (1000, "length", 4))]
     assert add_lines(again, [(Path("b"), k, r) for k, r in enumerate(raw)]) == 3
     assert again.truncated == 2  # 9 and 4 redone whole, 1000 cut at its fourth attempt
+
+
+LOOPED = "Let me reconsider whether the diagonal is allowed here. " * 80
+LONG = ("The proof proceeds by induction on n. For the base case the statement is immediate, "
+        "since a single vertex has no edges and the bound holds trivially. Assume it for all "
+        "graphs with fewer vertices; removing a vertex of minimum degree leaves a graph to which "
+        "the hypothesis applies, and adding the vertex back costs at most its degree in colours, "
+        "which by the choice of the vertex is bounded by the average degree of the original "
+        "graph. It remains to check the case where every vertex has the same degree, in which")
+
+
+def test_loops_among_the_truncated_are_counted_superseded_and_recounted_alike() -> None:
+    """Live counting and a recount from the batch lines give the same split: a loop redone
+    as a long answer leaves the loops, and the loop bits survive totals.json."""
+    from agents.engine.recount import TotalsRecord, add_lines, record_of
+
+    def raw(index: int, finish: str, text: str, attempt: int = 1, reasoning: bool = False
+            ) -> bytes:
+        return msgspec.json.encode({
+            "index": index, "finish_reason": finish, "attempt": attempt, "max_tokens": 64,
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+            "content": None if reasoning else text,
+            "reasoning_content": text if reasoning else "thinking"})
+
+    lines = [raw(1, "length", LOOPED), raw(2, "length", LONG), raw(3, "stop", LOOPED),
+             raw(4, "length", LOOPED, reasoning=True),  # cut looping in its thoughts
+             raw(5, "length", LOOPED)]
+    t = Totals()
+    add_lines(t, [(Path("b"), k, r) for k, r in enumerate(lines)])
+    assert (t.truncated, t.loops) == (4, 3)  # 1, 4, 5 loops; 2 long; 3 not cut
+    assert [i for i in range(6) if t.is_looped(i)] == [1, 4, 5]
+    rec = msgspec.json.decode(msgspec.json.encode(record_of(t, (0, 1), 0.0)), type=TotalsRecord)
+    again = rec.totals()
+    assert (again.loops, again.looped) == (t.loops, t.looped)
+    later = [raw(1, "length", LONG, attempt=2),  # the loop redone, cut long this time
+             raw(5, "stop", "done", attempt=2), raw(2, "length", LOOPED, attempt=2)]
+    add_lines(again, [(Path("b"), k, r) for k, r in enumerate(later)])
+    assert (again.truncated, again.loops) == (3, 2)  # 1 long; 2 and 4 loops; 5 done
+    assert [i for i in range(6) if again.is_looped(i)] == [2, 4]
+    whole = Totals()
+    add_lines(whole, [(Path("b"), k, r) for k, r in enumerate(lines + later)])
+    assert (whole.truncated, whole.loops, whole.looped) == (3, 2, again.looped)

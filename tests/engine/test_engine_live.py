@@ -216,3 +216,71 @@ def test_retry_failed_turns_failures_into_completions(tmp_path: Path, sims) -> N
     # A second resume does not retry again.
     assert start_engine(spec).wait(300) == 0
     assert read_run(run_dir).lines == st.lines
+
+
+def _loops_on_disk(st) -> tuple[set[int], set[int]]:
+    """(loops, long) among the current truncated lines, told by the sim's own mark of a loop
+    (its last LOOP_PERIOD words repeat the ones before), not by the engine's classifier."""
+    from agents.sim.output import LOOP_PERIOD
+
+    loops, long = set(), set()
+    for i, line in st.current.items():
+        if line["finish_reason"] != "length":
+            continue
+        words = (line["content"] or line["reasoning_content"] or "").split()
+        looped = len(words) > 2 * LOOP_PERIOD and \
+            words[-LOOP_PERIOD:] == words[-2 * LOOP_PERIOD:-LOOP_PERIOD]
+        (loops if looped else long).add(i)
+    return loops, long
+
+
+def test_retry_truncated_long_only_leaves_the_loops(tmp_path: Path, sims) -> None:
+    """A fifth of the prompts loop: status splits the truncated into loops and long ones,
+    `retry truncated --long-only` sends exactly the long ones again, and a rebuild of the
+    totals from the batch lines gives the same split."""
+    sim = sims("--truncation-share", "0.3", "--loop-share", "0.2")
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, 300)
+    spec = write_spec(tmp_path / "run.toml", prompts, [sim.url], max_tokens=400, batch_size=40)
+    assert start_engine(spec).wait(300) == 0
+    run_dir = tmp_path / "run"
+    loops, long = _loops_on_disk(read_run(run_dir))
+    assert len(loops) > 30 and len(long) > 30
+    before = json.loads((run_dir / "progress.json").read_text())
+    assert (before["truncated"], before["truncated_loops"]) == (len(loops) + len(long),
+                                                                len(loops))
+    assert agent("max-tokens", str(run_dir), "800").returncode == 0
+    assert agent("retry", str(run_dir), "truncated", "--long-only").returncode == 0
+    engine = start_engine(spec)
+    assert engine.wait(300) == 0, engine.stderr()
+    st = read_run(run_dir)
+    again = {i for i, line in st.current.items() if line["attempt"] == 2}
+    assert again == long
+    assert all(st.current[i]["max_tokens"] == 800 for i in again)
+    assert all(st.current[i]["attempt"] == 1 and st.current[i]["max_tokens"] == 400
+               for i in loops)
+    after = json.loads((run_dir / "progress.json").read_text())
+    loops_now, long_now = _loops_on_disk(st)
+    assert loops_now == loops  # the loops untouched, still loops
+    assert (after["truncated"], after["truncated_loops"]) == (len(loops) + len(long_now),
+                                                              len(loops))
+    # A totals.json from an engine before loops were told apart: counted again, the same.
+    record = json.loads((run_dir / "totals.json").read_text())
+    del record["loops"], record["looped"]
+    (run_dir / "totals.json").write_text(json.dumps(record))
+    (run_dir / "progress.json").unlink()
+    engine = start_engine(spec)
+    assert engine.wait(300) == 0, engine.stderr()
+    assert "keeps no loop bits" in engine.stderr()
+    rebuilt = json.loads((run_dir / "progress.json").read_text())
+    assert (rebuilt["truncated"], rebuilt["truncated_loops"]) == (after["truncated"],
+                                                                  after["truncated_loops"])
+    # Nothing in a run dir is trusted: without totals.json and progress.json the split is
+    # rebuilt from the batch lines alone, the same.
+    (run_dir / "totals.json").unlink()
+    (run_dir / "progress.json").unlink()
+    assert start_engine(spec).wait(300) == 0
+    rebuilt = json.loads((run_dir / "progress.json").read_text())
+    assert (rebuilt["truncated"], rebuilt["truncated_loops"]) == (after["truncated"],
+                                                                  after["truncated_loops"])
+    assert read_run(run_dir).lines == st.lines  # and the retry is not done again

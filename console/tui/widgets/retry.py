@@ -1,4 +1,5 @@
-"""The retry question: re-queue the failed indices or the truncated ones."""
+"""The retry question: re-queue the failed indices, the truncated ones, or only the long
+truncated ones (not those cut in a repetition loop, which more tokens do not help)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class RetryModal(ChoiceModal):
     BINDINGS: ClassVar[list[BindingType]] = [
         choice("f", "failed", "failed", "retry_failed"),
         choice("t", "truncated", "truncated", "retry_truncated"),
+        choice("l", "long", "long only (not loops)", "retry_long"),
     ]
 
     def __init__(self, node: str, detail: str | None = None) -> None:

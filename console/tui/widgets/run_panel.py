@@ -87,8 +87,11 @@ def run_grid(snap: Snapshot, theme: Theme, stale: bool,
                  "Avg output", Text(f"{f.num(p.avg_output_tokens)} tokens", style=dim))
     trunc_tone = "warn" if p.completed and p.truncated / p.completed > 0.1 else None
     empty_tone = "bad" if p.completed and p.empty / p.completed > 0.05 else None
+    # Loops (repetition, agents/engine/loops.py) gain nothing from a retry: shown apart.
+    split = (f" · loops {f.num(p.truncated_loops)}, long {f.num(p.truncated - p.truncated_loops)}"
+             if p.truncated_loops else "")
     grid.add_row("Truncated", Text(f"{f.pct(p.truncated, p.completed)} "
-                                   f"({f.num(p.truncated)})",
+                                   f"({f.num(p.truncated)}){split}",
                                    style=dim or style(theme, trunc_tone)),
                  "Empty", Text(f"{f.pct(p.empty, p.completed)} ({f.num(p.empty)})",
                                style=dim or style(theme, empty_tone)))

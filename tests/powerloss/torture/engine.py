@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from agents.artifacts.verify import verify_run
+from agents.engine.loops import answer_tail, is_loop
 from agents.engine.run import Engine
 from agents.rundir.spec import RunSpec, load_spec
 from tests.engine.runs import write_prompts
@@ -110,7 +111,7 @@ class Recording:
 def record(fs: ForgetfulDir, root: Path, prompts: int = 240) -> Recording:
     """The scenario, recorded once. Returns after the run is done (and verified)."""
     args = (*FAST_ARGS, "--time-scale", "0.02", "--truncation-share", "0.3", "--empty-rate",
-            "0.05")
+            "0.05", "--loop-share", "0.1")
     sims = [start_sim(root, *args, "--seed", str(i), name=f"sim{i}") for i in range(2)]
     try:
         return _scenario(fs, root, prompts, [s.url for s in sims])
@@ -256,6 +257,8 @@ def recount(run_dir: Path) -> dict[str, Any]:
         "total_output_tokens": sum(ln["usage"]["completion_tokens"] for ln in lines),
         "total_reasoning_tokens": sum(ln["usage"]["reasoning_tokens"] for ln in lines),
         "truncated": sum(ln["finish_reason"] == "length" for ln in current.values()),
+        "truncated_loops": sum(ln["finish_reason"] == "length" and is_loop(
+            answer_tail(ln["content"], ln["reasoning_content"])) for ln in current.values()),
         "empty": sum(not ln["content"] and not ln["tool_calls"] for ln in lines),
         "answers_by_limit": dict(by_limit), "truncated_by_limit": dict(cut),
         "lines": len(lines),
