@@ -182,3 +182,24 @@ async def test_sort_and_filter_are_allowed_read_only_and_their_keys_remap() -> N
         await pilot.press("ctrl+f", *"gen-2")
         await until(pilot, lambda: sorted(order(table)) ==
                     [f"gen-{i}" for i in range(20, NODES + 1)], 30, "the gen-2 nodes")
+
+
+async def test_the_palette_offers_the_filter_with_its_key_and_runs_it() -> None:
+    from textual.command import CommandList, CommandPalette
+    from textual.widgets import Input
+
+    app = app_at_now(keymap={"fleet_filter": "z"})
+    async with app.run_test(size=(160, 30)) as pilot:
+        table = await fed(pilot)
+        await pilot.press("ctrl+p")
+        palette = await until(pilot, lambda: on_screen(app, CommandPalette), 60, "the palette")
+        await pilot.press(*"filter")
+        results = palette.query_one(CommandList)
+        await until(pilot, lambda: any("[z]" in str(results.get_option_at_index(i).prompt)
+                                       for i in range(results.option_count)), 60,
+                    "the filter hit naming z")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.focused, Input)
+                    and app.focused.id == "fleet-filter", 60, "the filter box")
+        await pilot.press(*"gen-2")
+        await until(pilot, lambda: table.row_count == 5, 30, "the gen-2 nodes")

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Footer, Input, Label
 
 from agents.rundir.schema import Alert
 from console.state import NodeState
+from console.tui.palette import ScreenCommands
 from console.tui.screens.base import View, ViewContext
 from console.tui.widgets import figures as f
 from console.tui.widgets.alert_list import AlertList
@@ -64,13 +65,19 @@ def order_line(order: Order, shown: int, total: int) -> str:
 
 
 class FleetScreen(View):
-    # Out of the footer (it is full): in the README's keys table and the keymap.
+    # Out of the footer (it is full): in the palette, the README's keys table and the keymap.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("o", "sort", "Sort", show=False, id="fleet_sort"),
-        Binding("O", "sort_reverse", "Reverse sort", show=False, id="fleet_sort_reverse"),
-        Binding("slash", "filter", "Filter", show=False, id="fleet_filter"),
-        Binding("escape", "filter_clear", "Clear filter", show=False, id="fleet_filter_clear"),
+        Binding("o", "sort", "Sort the fleet by the next column", show=False, id="fleet_sort",
+                tooltip="node, role, run, status, progress, rate, ETA, failed, alerts, "
+                        "contact, then the fleet file's order"),
+        Binding("O", "sort_reverse", "Reverse the fleet's sort", show=False,
+                id="fleet_sort_reverse"),
+        Binding("slash", "filter", "Filter the fleet", show=False, id="fleet_filter",
+                tooltip="by a node's name, state or alert"),
+        Binding("escape", "filter_clear", "Show every node", show=False,
+                id="fleet_filter_clear", tooltip="clear the fleet's filter"),
     ]
+    COMMANDS: ClassVar = {ScreenCommands}
 
     class OpenNode(Message):
         def __init__(self, name: str) -> None:
