@@ -60,6 +60,12 @@ def bar(app: FleetdeckApp) -> str:
     return content.plain
 
 
+def drawn_node(table: FleetTable, y: int) -> str:
+    """The node named on the table's painted line `y` (0 is the header)."""
+    words = table.render_line(y).text.split()
+    return words[0] if words else ""
+
+
 def app_at_now(**console: Any) -> FleetdeckApp:
     app = FleetdeckApp(big_fleet(**console), connect=False, clock=lambda: d.NOW)
     app.animation_level = "none"
@@ -106,6 +112,11 @@ async def test_sorted_by_rate_as_numbers_the_order_follows_and_the_cursor_keeps_
         assert order(table)[0] == slowest and order(table)[-1] == chosen
         assert table.selected_node == chosen, "the cursor left its node"
         assert table.cursor_row == NODES - 1 != was
+        await pilot.pause()
+        drawn = [n for y in range(1, table.size.height) if (n := drawn_node(table, y))]
+        assert len(drawn) > 5
+        top = int(table.scroll_y)
+        assert drawn == order(table)[top:top + len(drawn)], "rows drawn where they were"
         # what is drawn for the row the cursor is on is the chosen node's
         await pilot.press("enter")
         await until(pilot, lambda: app.current_node() == chosen, 30, "the chosen node open")

@@ -265,16 +265,29 @@ class LiveTable(DataTable[Cell]):
         return [line]
 
     def _arrange(self, order: Sequence[str]) -> None:
-        """Put the rows in `order` (every key of the sync). Only a change of order costs:
-        DataTable's sort does the same, a full repaint."""
+        """Put the rows in `order` (every key of the sync). Only the rows that moved are drawn
+        again: DataTable's sort bumps the update count and so draws every row, which at a
+        fleet sorted by rate (most rows move on most ticks) doubled a tick's cost. A moved
+        row's cells are dropped too: their segments carry the row's index (for clicks) and its
+        stripe."""
         locations = self._row_locations
-        if all(locations.get(RowKey(key)) == i for i, key in enumerate(order)):
+        moved = [(RowKey(key), i) for i, key in enumerate(order)
+                 if locations.get(RowKey(key)) != i]
+        if not moved:
             return
+        for row_key, _i in moved:  # the lines where they were drawn
+            index = locations.get(row_key)
+            if index is not None:
+                self._forget_lines(row_key, index)
         self._row_locations = TwoWayDict({RowKey(key): i for i, key in enumerate(order)})
-        self._update_count += 1  # every render cache is keyed by it
-        self._row_lines.clear()
-        self._lines.clear()
-        self.refresh()
+        self._offset_cache.clear()  # y -> row key, and the rows in order: keyed by the count
+        self._ordered_row_cache.clear()
+        width = max(self.size.width, self.virtual_size.width)
+        for row_key, index in moved:
+            y = self._forget_lines(row_key, index)
+            for column_key in self.columns:
+                self._cells.drop((row_key, column_key))
+            self._refresh_region(Region(0, y, width, 1))
 
     def forget(self) -> None:
         """Redraw every cell next time (after a theme change)."""
