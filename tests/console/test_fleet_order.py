@@ -214,3 +214,28 @@ async def test_the_palette_offers_the_filter_with_its_key_and_runs_it() -> None:
                     and app.focused.id == "fleet-filter", 60, "the filter box")
         await pilot.press(*"gen-2")
         await until(pilot, lambda: table.row_count == 5, 30, "the gen-2 nodes")
+
+
+async def test_a_campaigns_nodes_sort_under_its_row_and_it_stays_while_one_matches() -> None:
+    from console.fleet import Campaign
+
+    fleet = big_fleet()
+    members = [f"gen-{i:02d}" for i in range(1, 9)]
+    fleet.campaigns = [Campaign("traces", members)]
+    app = FleetdeckApp(fleet, connect=False, clock=lambda: d.NOW)
+    app.animation_level = "none"
+    async with app.run_test(size=SIZE) as pilot:
+        table = await fed(pilot)
+        assert order(table)[0] == "traces"
+        for _ in range(6):
+            await pilot.press("o")
+        free = [n for n in by_rate(app) if n not in members]
+        want = ["traces", *[n for n in by_rate(app) if n in members], *free]
+        await until(pilot, lambda: order(table) == want, 30, "the campaign's nodes by rate")
+
+        await pilot.press("slash", *"gen-0")  # gen-01..09: eight of the campaign's, and one
+        await until(pilot, lambda: order(table) == [*want[:9], "gen-09"], 30,
+                    "the campaign, its nodes and gen-09")
+        assert f"9 of {NODES} shown, filter: gen-0" in bar(app)
+        await pilot.press("escape", "slash", *"TRACES")  # the campaign's name: all of its nodes
+        await until(pilot, lambda: order(table) == want[:9], 30, "the campaign and its nodes")
