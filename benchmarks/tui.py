@@ -44,6 +44,7 @@ from console.fleet import ConsoleSettings, Fleet, Node  # noqa: E402
 from console.transport import status_snapshot  # noqa: E402
 from console.tui import app as app_module  # noqa: E402
 from console.tui.app import FleetdeckApp  # noqa: E402
+from console.tui.widgets.fleet_order import SORTABLE  # noqa: E402
 from console.tui.widgets.fleet_table import FLEET_COLUMNS  # noqa: E402
 
 SIZE = (160, 48)
@@ -259,6 +260,17 @@ async def run_fleetdeck(lines: list[list[bytes]], names: list[str], gpus: int, s
         timed.recording = False
         results.append(summary(f"fleetdeck: fleet view ({len(names)} rows)", wall, cpu, count,
                                timed))
+        # Sorted by rate, which every node's snapshot changes: rows move on most ticks.
+        await pilot.press(*"o" * (SORTABLE.index("rate") + 1))
+        await pilot.pause()
+        timed.recording = False
+        await feed(lines, names, WARM_S, timed.apply)
+        timed.reset()
+        timed.recording = True
+        wall, cpu, count = await feed(lines, names, seconds, timed.apply)
+        timed.close_tick()
+        timed.recording = False
+        results.append(summary("fleetdeck: fleet sorted by rate", wall, cpu, count, timed))
         await pilot.press("enter")  # the first node's screen
         await pilot.pause()
         timed.recording = False
@@ -350,8 +362,8 @@ def main() -> int:
     print(f"TUI benchmark: {args.nodes} nodes x {args.gpus} GPUs, one status line per node "
           f"per second ({size_kb:.1f} KiB each), {SIZE[0]}x{SIZE[1]} headless, frames "
           f"encoded to escape sequences; redraw every {app_module.REDRAW_S} s; "
-          f"{fleet_s} s fleet view + {node_s} s node view, then {int(args.seconds)} s "
-          "bare DataTable", flush=True)
+          f"{fleet_s} s fleet view, {fleet_s} s sorted by rate, {node_s} s node view, then "
+          f"{int(args.seconds)} s bare DataTable", flush=True)
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"({os.cpu_count()} CPUs)", flush=True)
     defaults = gc.get_threshold()
@@ -380,11 +392,13 @@ def main() -> int:
         print(f"{r['label']}: CPU {r['cpu'] / bare['cpu']:.2f}x the bare DataTable's; p95 per "
               f"update {r['p95_share'] / bare['p95_share']:.2f}x, worst bound "
               f"{r['p95_update'] / bare['p95_update']:.2f}x")
-    fleet, node = ours
-    print(f"targets: fleet view CPU < 10% of a core: "
-          f"{'met' if fleet['cpu'] < 0.10 else 'MISSED'} ({fleet['cpu'] * 100:.1f}%); "
-          f"p95 per tick < 20 ms: {'met' if fleet['p95_tick'] < 0.020 else 'MISSED'} "
-          f"({fleet['p95_tick'] * 1000:.1f} ms); node view CPU < 5%: "
+    fleet, fleet_sorted, node = ours
+    for name, r in (("fleet view", fleet), ("fleet sorted by rate", fleet_sorted)):
+        print(f"targets: {name} CPU < 10% of a core: "
+              f"{'met' if r['cpu'] < 0.10 else 'MISSED'} ({r['cpu'] * 100:.1f}%); "
+              f"p95 per tick < 20 ms: {'met' if r['p95_tick'] < 0.020 else 'MISSED'} "
+              f"({r['p95_tick'] * 1000:.1f} ms)")
+    print(f"targets: node view CPU < 5%: "
           f"{'met' if node['cpu'] < 0.05 else 'MISSED'} ({node['cpu'] * 100:.1f}%)")
     return 0
 

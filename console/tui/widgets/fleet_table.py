@@ -15,6 +15,7 @@ from console.queue.rollup import GIVEN_BACK, Rollup, from_state
 from console.sanitize import shown
 from console.state import FleetState, NodeState
 from console.tui.widgets import figures as f
+from console.tui.widgets.fleet_order import Order, campaign_value, matches, node_value, ordered
 from console.tui.widgets.live_table import LiveTable, Row, RowSource
 from console.tui.widgets.tones import LINK_TONE, RUN_TONE, style, toned
 
@@ -123,6 +124,8 @@ class FleetTable(LiveTable):
         # Per node: what its row was drawn from, and the row. A node's figures change once a
         # second at most, and its row is built again only then.
         self._built: dict[str, tuple[Snapshot | None, tuple[object, ...], Row]] = {}
+        self.order = Order()  # the sort and filter the screen's keys set
+        self.shown = 0  # nodes the filter lets through, as last shown
 
     def node_row(self, ns: NodeState, now: float, theme: Theme, place: str | None = None,
                  given_back: bool = False) -> Row:
@@ -143,23 +146,47 @@ class FleetTable(LiveTable):
         self._built.clear()
 
     def show(self, state: FleetState, now: float, theme: Theme) -> None:
-        """Each campaign's row, then its nodes; then the nodes of no campaign. Campaign and
-        node names never clash (the fleet file refuses it), so each names its own row."""
+        """Each campaign's row, then its nodes; then the nodes of no campaign; sorted within
+        those groups by `order`'s column, and only the nodes its filter matches (a campaign
+        shows while one of its nodes does, or its name matches). Campaign and node names never
+        clash (the fleet file refuses it), so each names its own row."""
+        order = self.order
         rows: dict[str, RowSource] = {}  # a node's row is built only in view
         self._campaigns = {c.name for c in state.fleet.campaigns}
+        shown = 0
+        column, reverse, text = order.column, order.reverse, order.filter.casefold()
+
+        def sort(names: list[str]) -> list[str]:
+            if column is None:
+                return names
+            return ordered(names, lambda n: node_value(state.nodes[n], column, now), reverse)
+
+        groups: list[tuple[Rollup, list[str]]] = []
         for c in state.fleet.campaigns:
             r = from_state(state, c)
-            rows[c.name] = campaign_row(r, theme)
-            for line in r.rows:
-                if line.node in state.nodes:
-                    ns = state.nodes[line.node]
-                    place = line.place if line.place != line.node else ""
-                    rows[line.node] = partial(self.node_row, ns, now, theme, place,
-                                              line.link == GIVEN_BACK)
-        for name, ns in state.nodes.items():
-            if name not in rows:
-                rows[name] = partial(self.node_row, ns, now, theme)
-        self.sync(rows)
+            names = [line.node for line in r.rows if line.node in state.nodes]
+            if text and text not in c.name.casefold():
+                names = [n for n in names if matches(state.nodes[n], text)]
+                if not names:
+                    continue
+            groups.append((r, names))
+        if column is not None:
+            groups = ordered(groups, lambda g: campaign_value(g[0], column), reverse)
+        for r, names in groups:
+            rows[r.campaign] = campaign_row(r, theme)
+            lines = {line.node: line for line in r.rows}
+            for name in sort(names):
+                line = lines[name]
+                place = line.place if line.place != line.node else ""
+                rows[name] = partial(self.node_row, state.nodes[name], now, theme, place,
+                                     line.link == GIVEN_BACK)
+            shown += len(names)
+        free = [n for n, ns in state.nodes.items()
+                if n not in rows and matches(ns, text)]
+        for name in sort(free):
+            rows[name] = partial(self.node_row, state.nodes[name], now, theme)
+        self.shown = shown + len(free)
+        self.sync(rows, ordered=True)
 
     @property
     def selected_node(self) -> str | None:

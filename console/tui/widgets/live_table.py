@@ -33,6 +33,7 @@ from rich.cells import cell_len
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Span, Text
+from textual._two_way_dict import TwoWayDict
 from textual.cache import LRUCache
 from textual.geometry import Region
 from textual.widgets import DataTable
@@ -113,7 +114,10 @@ class LiveTable(DataTable[Cell]):
         for key, label, width in self.COLUMNS:
             self.add_column(label, key=key, width=width)
 
-    def sync(self, rows: Mapping[str, RowSource]) -> None:
+    def sync(self, rows: Mapping[str, RowSource], ordered: bool = False) -> None:
+        """Show `rows`; `ordered`: in the mapping's order (a sort), else new rows go last.
+        The cursor stays on the row it was on, by key, wherever the row goes."""
+        selected = self.selected_key
         for key in [k for k in self._rows if k not in rows]:
             self.remove_row(key)
             del self._rows[key]
@@ -133,6 +137,12 @@ class LiveTable(DataTable[Cell]):
                 source = source()
             self._pending.pop(key, None)
             self._put(key, old, source)
+        if ordered:
+            self._arrange(list(rows))
+        if selected is not None and selected in rows:
+            index = self._row_locations.get(RowKey(selected))
+            if index is not None and index != self.cursor_row:
+                self.move_cursor(row=index, animate=False, scroll=False)
 
     def _put(self, key: str, old: Row | None, row: Row, repaint: bool = True) -> None:
         if old is None:
@@ -253,6 +263,31 @@ class LiveTable(DataTable[Cell]):
         if pad:
             line.append(Segment(" " * pad, blank))
         return [line]
+
+    def _arrange(self, order: Sequence[str]) -> None:
+        """Put the rows in `order` (every key of the sync). Only the rows that moved are drawn
+        again: DataTable's sort bumps the update count and so draws every row, which at a
+        fleet sorted by rate (most rows move on most ticks) doubled a tick's cost. A moved
+        row's cells are dropped too: their segments carry the row's index (for clicks) and its
+        stripe."""
+        locations = self._row_locations
+        moved = [(RowKey(key), i) for i, key in enumerate(order)
+                 if locations.get(RowKey(key)) != i]
+        if not moved:
+            return
+        for row_key, _i in moved:  # the lines where they were drawn
+            index = locations.get(row_key)
+            if index is not None:
+                self._forget_lines(row_key, index)
+        self._row_locations = TwoWayDict({RowKey(key): i for i, key in enumerate(order)})
+        self._offset_cache.clear()  # y -> row key, and the rows in order: keyed by the count
+        self._ordered_row_cache.clear()
+        width = max(self.size.width, self.virtual_size.width)
+        for row_key, index in moved:
+            y = self._forget_lines(row_key, index)
+            for column_key in self.columns:
+                self._cells.drop((row_key, column_key))
+            self._refresh_region(Region(0, y, width, 1))
 
     def forget(self) -> None:
         """Redraw every cell next time (after a theme change)."""
