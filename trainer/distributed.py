@@ -189,5 +189,10 @@ def barrier(d: Dist, patience_s: float | None = None, usual_s: float | None = No
 
 
 def close(d: Dist) -> None:
+    """Leave the group, every rank at once: a barrier first, as PyTorch's maintainers advise
+    (pytorch#75097: destroy_process_group hangs now and then where ranks reach it apart; ci
+    here: of a two-rank CPU run one rank gone, the other idle for nine minutes). Only on the
+    way out of a run every rank finished."""
     if d.enabled and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()

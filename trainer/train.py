@@ -495,7 +495,9 @@ def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
     trainer: Trainer | None = None
     try:
         trainer = Trainer(spec, cfg, opts, d)
-        return trainer.run()
+        status = trainer.run()
+        distributed.close(d)  # every rank got here: they leave the group together
+        return status
     except BaseException as exc:
         if trainer is not None and trainer.watch is not None and isinstance(exc, RuntimeError):
             # A collective failed: a peer's socket closed, or it waited node_timeout_s.
@@ -507,6 +509,7 @@ def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
             trainer.progress.finish("failed", message)
         elif d.node_main:
             _refused(spec, cfg, d, message)
+        # No destroy_process_group here: the others may be in a collective, which it would
+        # wait for (torchtitan#1342); the process's exit lets the group go, and torchrun
+        # ends the others.
         raise
-    finally:
-        distributed.close(d)
