@@ -22,7 +22,25 @@ def markup_text(text: str) -> str:
     return text.replace("[", "\\[")
 
 
-class ActionCommands(Provider):
+class _Listed(Provider):
+    """A provider whose commands are a list of (title, help, run), offered and searched."""
+
+    def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
+        raise NotImplementedError
+
+    async def discover(self) -> Hits:
+        for title, help_text, run in self._commands():
+            yield DiscoveryHit(title, run, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, run in self._commands():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), run, help=help_text)
+
+
+class ActionCommands(_Listed):
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
         app = self.app
         if not isinstance(app, PalettePort):
@@ -38,19 +56,9 @@ class ActionCommands(Provider):
                         partial(app.use_theme, name)))
         return out
 
-    async def discover(self) -> Hits:
-        for title, help_text, run in self._commands():
-            yield DiscoveryHit(title, run, help=help_text)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for title, help_text, run in self._commands():
-            score = matcher.match(title)
-            if score > 0:
-                yield Hit(score, matcher.highlight(title), run, help=help_text)
 
 
-class ScreenCommands(Provider):
+class ScreenCommands(_Listed):
     """The bindings the screen declares itself, each named with the key it answers to now."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], object]]]:
@@ -63,13 +71,3 @@ class ScreenCommands(Provider):
             out.append((b.description, help_text, partial(self.app.run_action, b.action, screen)))
         return out
 
-    async def discover(self) -> Hits:
-        for title, help_text, run in self._commands():
-            yield DiscoveryHit(title, run, help=help_text)
-
-    async def search(self, query: str) -> Hits:
-        matcher = self.matcher(query)
-        for title, help_text, run in self._commands():
-            score = matcher.match(title)
-            if score > 0:
-                yield Hit(score, matcher.highlight(title), run, help=help_text)
