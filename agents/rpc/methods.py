@@ -26,6 +26,7 @@ from agents.rundir.control import (
 )
 from agents.rundir.control import resize as control_resize
 from agents.rundir.failsummary import FailureSummarizer
+from agents.rundir.histstore import HistoryError, read_history
 from agents.rundir.schema import Control
 from agents.supervise.export_job import ExportRefused, start_export
 
@@ -119,7 +120,20 @@ class ControlMethods:
             if not isinstance(since, (int, float)) or isinstance(since, bool):
                 raise RpcError(INVALID_PARAMS, f"since must be a number, got {since!r}")
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
-            return await asyncio.to_thread(history, self.run_dir, float(since), limit)
+            if "span" not in p and "resolution" not in p:
+                # Samples as written, paged by `since` (what consoles before spans ask).
+                return await asyncio.to_thread(history, self.run_dir, float(since), limit)
+            resolution = p.get("resolution")
+            if resolution is not None:
+                resolution = _int(p, "resolution", 10)
+            try:
+                # Off the loop: the first call on a run may rebuild the compacted copy.
+                window = await asyncio.to_thread(
+                    read_history, self.run_dir, p.get("span", "1h"),
+                    float(since) if since else None, resolution, max(1, limit))
+            except HistoryError as exc:
+                raise RpcError(INVALID_PARAMS, str(exc)) from None
+            return window.reply()
 
         async def failures(p: dict[str, Any]) -> Any:
             try:
