@@ -145,7 +145,14 @@ class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
     failure_rate: float = 0.05
     truncation_rate: float = 0.10
     empty_rate: float = 0.05
+    # A server's accept length under this share of its own level over the run's first
+    # accept_baseline_hours (from the history: a restart keeps it), or of the run's average.
     accept_drop: float = 0.7
+    # The fleet's mean over the last accept_recent_minutes under this share of its mean over
+    # the run's first accept_baseline_hours: accept_drift (0: off).
+    accept_fleet_drop: float = 0.7
+    accept_recent_minutes: float = 20.0
+    accept_baseline_hours: float = 2.0
     disk_hours: float = 6.0
     min_samples: int = 20
     # A run done or stopped while its servers still hold the GPUs this long: "GPUs idle".
@@ -486,7 +493,9 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
         ("[servers] hung_restart_s", sv.hung_restart_s),
         ("[alerts] window_s", spec.alerts.window_s),
         ("[alerts] stall_minutes", spec.alerts.stall_minutes),
-        ("[alerts] disk_hours", spec.alerts.disk_hours)]
+        ("[alerts] disk_hours", spec.alerts.disk_hours),
+        ("[alerts] accept_recent_minutes", spec.alerts.accept_recent_minutes),
+        ("[alerts] accept_baseline_hours", spec.alerts.accept_baseline_hours)]
     at_least_zero: list[tuple[str, float]] = [
         ("[servers] restart_backoff_s", sv.restart_backoff_s),
         ("[servers] max_restarts", sv.max_restarts),
@@ -511,6 +520,7 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
                        ("truncation_rate", spec.alerts.truncation_rate),
                        ("empty_rate", spec.alerts.empty_rate),
                        ("accept_drop", spec.alerts.accept_drop),
+                       ("accept_fleet_drop", spec.alerts.accept_fleet_drop),
                        ("kv_usage", spec.alerts.kv_usage)):
         if not 0.0 <= share <= 1.0:
             fail(f"[alerts] {key}", f"must be between 0 and 1, got {share}")

@@ -39,8 +39,10 @@ from agents.rpc.protocol import (
 from agents.rpc.sockpath import SocketDirError, remove_stale_sockets, socket_path
 from agents.rpc.train_launch import launched_otherwise
 from agents.rundir.control import audit
+from agents.rundir.histstore import MAX_LIMIT, read_history
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, SpecError, load_run_spec
+from agents.supervise.acceptdrift import AcceptLevels, accept_levels
 from agents.supervise.alerts import AlertBook
 from agents.supervise.pager import Pager
 from agents.supervise.procinfo import exit_status
@@ -62,6 +64,8 @@ from agents.supervise.urlwatch import UrlServer, UrlWatch
 log = logging.getLogger("fleetdeck.supervisor")
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
 PAGER_DRAIN_S = 10.0  # at exit, how long pages still queued may take to go
+# How often the history's compacted copy and the accept levels are brought up to date.
+HISTORY_REFRESH_S = float(os.environ.get("FLEETDECK_HISTORY_REFRESH_S", "30.0"))
 
 
 class Supervisor:
@@ -151,6 +155,8 @@ class Supervisor:
         log.info("supervisor %d for %s listening on %s", os.getpid(), self.run_dir, sock)
         pusher = asyncio.create_task(self._push_loop())
         paging = asyncio.create_task(self.pager.run()) if self.pager is not None else None
+        history = asyncio.create_task(self._history_loop()) \
+            if self.spec.run.kind == "generate" else None
         try:
             await self._start_servers()
             # A `down` during start-up wins; a `resume` during it may have started the job.
@@ -171,6 +177,8 @@ class Supervisor:
             pusher.cancel()
             if paging is not None:
                 paging.cancel()
+            if history is not None:
+                history.cancel()
             server.close()
             for w in list(self.subscribers):
                 w.close()
@@ -412,6 +420,24 @@ class Supervisor:
                 await self._push()
             elif self.pager is not None or self.textfile is not None:
                 self.snapshot()  # alerts judged and paged, the textfile fed, with no console
+
+    async def _history_loop(self) -> None:
+        """The history store kept compacted, and the accept levels the alerts judge by read
+        from it (at start, so a restarted supervisor has them at once)."""
+        failed = False
+        while True:
+            try:
+                self.alerts.levels = await asyncio.to_thread(self._accept_levels)
+                failed = False
+            except OSError as exc:
+                if not failed:
+                    log.warning("cannot read %s: %s", self.run_dir / "history.jsonl", exc)
+                failed = True
+            await asyncio.sleep(HISTORY_REFRESH_S)
+
+    def _accept_levels(self) -> AcceptLevels | None:
+        window = read_history(self.run_dir, "all", resolution=60, limit=MAX_LIMIT)
+        return accept_levels(window.items, time.time(), self.spec.alerts)
 
     async def _push(self) -> None:
         # One encode of the snapshot, spliced into the notification envelope.
