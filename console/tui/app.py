@@ -32,6 +32,7 @@ from console.tui import heap
 from console.tui.campaign_actions import CampaignControls
 from console.tui.fetched import Fetched
 from console.tui.handlers import NAVIGATION, Controls
+from console.tui.history import MAX_POINTS, SPAN_TITLES
 from console.tui.keymap import binding_ids, resolve
 from console.tui.messages import (
     ActionReport,
@@ -61,7 +62,6 @@ QUEUE_LOOK_S = 30.0  # how often a generation campaign's queue is asked for its 
 AGES_S = 1.0  # ages on screen tick at least once a second
 HISTORY_WINDOW_S = 3600.0
 CLOSE_TIMEOUT_S = 10.0
-HISTORY_PAGE = 1000
 
 # The footer shows the everyday actions first; the palette lists them all.
 FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autotune",
@@ -429,28 +429,45 @@ class FleetdeckApp(App[int]):
         self.redraw()
 
     async def _fetch_history(self, name: str) -> None:
-        snap = self.state.nodes[name].snapshot
-        since = (snap.updated_at if snap is not None else self.clock()) - HISTORY_WINDOW_S
-        items: list[dict[str, Any]] = []
-        for _ in range(20):
-            try:
-                reply = await self.call_node(name, "history",
-                                             {"since": since, "limit": HISTORY_PAGE})
-            except (RpcError, ConnectionError, TimeoutError, OSError) as exc:
-                self.report(name, f"history unavailable: {exc}", ok=False)
-                return
-            page = reply.get("items") or []
-            items += page
-            if not reply.get("more") or not page:
-                break
-            since = float(page[-1].get("updated_at", since))
-        self.post_message(HistoryFetched(name, items))
+        """The node's history over the span its sparklines show, served downsampled by the
+        node (agents/rundir/histstore.py) in one reply of at most MAX_POINTS items."""
+        hist = self.fetched[name].history
+        span = hist.span
+        params: dict[str, Any] = {"span": span, "limit": MAX_POINTS}
+        if span == "1h":
+            snap = self.state.nodes[name].snapshot
+            params["since"] = (snap.updated_at if snap is not None else self.clock()) \
+                - HISTORY_WINDOW_S
+        try:
+            reply = await self.call_node(name, "history", params)
+        except (RpcError, ConnectionError, TimeoutError, OSError) as exc:
+            self.report(name, f"history unavailable: {exc}", ok=False)
+            return
+        items = reply.get("items") if isinstance(reply, dict) else None
+        step = reply.get("step_s") if isinstance(reply, dict) else None
+        self.post_message(HistoryFetched(
+            name, [i for i in items if isinstance(i, dict)] if isinstance(items, list) else [],
+            span, float(step) if isinstance(step, (int, float)) and step > 0 else None))
+
+    @on(GenerateScreen.CycleHistorySpan)
+    def _cycle_history_span(self, event: GenerateScreen.CycleHistorySpan) -> None:
+        span = self.fetched[event.name].history.cycle_span()
+        self._changes += 1
+        self.redraw()
+        if self.connect:
+            self.run_worker(self._fetch_history(event.name), name=f"history-{event.name}",
+                            group=f"history-{event.name}", exclusive=True,
+                            exit_on_error=False)
+        self.notify(f"{event.name}: sparklines over the {SPAN_TITLES[span]}", timeout=2)
 
     # -- worker results ---------------------------------------------------------------------
 
     @on(HistoryFetched)
     def _history_fetched(self, event: HistoryFetched) -> None:
-        self.fetched[event.node].history.load(event.items)
+        hist = self.fetched[event.node].history
+        if event.span != hist.span:
+            return  # fetched for a span cycled past since
+        hist.load(event.items, event.step_s)
         self._changes += 1
 
     @on(LogFetched)

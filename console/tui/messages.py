@@ -17,9 +17,10 @@ class LinkChanged(Message):
 
 
 class HistoryFetched(Message):
-    def __init__(self, node: str, items: list[dict[str, Any]]) -> None:
+    def __init__(self, node: str, items: list[dict[str, Any]], span: str = "1h",
+                 step_s: float | None = None) -> None:
         super().__init__()
-        self.node, self.items = node, items
+        self.node, self.items, self.span, self.step_s = node, items, span, step_s
 
 
 class LogFetched(Message):
