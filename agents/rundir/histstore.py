@@ -45,6 +45,7 @@ MAX_LIMIT = 5000  # items in one reply: a window past it is served coarser
 FOLD_SLACK = 60  # buckets past their tier before the copy is rewritten (an hour of 1 min)
 MAX_COMPACT_BYTES = 256 * 2**20  # a copy larger than this is not read: it is rebuilt
 CHUNK = 1 << 20
+MAX_LINE = 4 * CHUNK  # a history line longer than this is not a sample: skipped, counted
 
 # How a bucket sums its samples up; every other field is the last sample's value (totals,
 # counters, words). Means are weighted by the samples each part holds.
@@ -212,6 +213,7 @@ def _lines(fd: int, offset: int) -> Iterator[tuple[int, bytes]]:
     (its writer is still on it, or died in it) is left."""
     pos = offset
     rest = b""
+    skipping = False  # inside a line past MAX_LINE: not held, given back as one bad line
     while True:
         data = os.pread(fd, CHUNK, pos)
         if not data:
@@ -224,9 +226,12 @@ def _lines(fd: int, offset: int) -> Iterator[tuple[int, bytes]]:
             nl = data.find(b"\n", start)
             if nl < 0:
                 break
-            yield base + nl + 1, data[start:nl]
+            yield base + nl + 1, (b"\x00" if skipping else data[start:nl])
+            skipping = False
             start = nl + 1
         rest = data[start:]
+        if len(rest) > MAX_LINE:
+            rest, skipping = b"", True
 
 
 _decode = msgspec.json.Decoder()
@@ -268,6 +273,7 @@ class HistoryStore:
     writable: bool = True  # False: the copy is kept in memory only (a read-only run dir)
     recent_from: int = 0  # `recent` holds every sample whose line ends past this offset
     _loaded: bool = False
+    _counted_to: int = 0  # bad lines are counted up to this offset of history.jsonl
     _copy_id: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) as last seen
     _raw_id: int | None = None
     _mutex: threading.Lock = field(default_factory=threading.Lock)
@@ -357,7 +363,7 @@ class HistoryStore:
         for end, line in _lines(fd, 0):
             obj = _parse(line)
             if obj is None:
-                self.bad_lines += line.strip() != b""
+                self._bad(end, line)
                 continue
             m = math.floor(obj["updated_at"] / MINUTE) * MINUTE
             if minute is not None and m != minute:
@@ -407,6 +413,8 @@ class HistoryStore:
             with self._locked():
                 if not self._loaded or raw_id != self._raw_id or size < self.raw_offset or \
                         (self.writable and self._copy_stat() != self._copy_id):
+                    if raw_id != self._raw_id or size < self.raw_offset:
+                        self.bad_lines = self._counted_to = 0  # another history.jsonl
                     self._load(fd, size)
                     self._raw_id = raw_id
                     self._loaded = True
@@ -440,7 +448,7 @@ class HistoryStore:
             self.raw_offset = end
             obj = _parse(line)
             if obj is None:
-                self.bad_lines += line.strip() != b""
+                self._bad(end, line)
                 continue
             self.recent.append(_Recent(end, obj))
         if self.recent:
@@ -449,6 +457,12 @@ class HistoryStore:
             while self.recent and self.recent[0].sample["updated_at"] < horizon and \
                     self.recent[0].end <= last_end:
                 self.recent_from = self.recent.popleft().end
+
+    def _bad(self, end: int, line: bytes) -> None:
+        """Count a line that is not a sample once, however many passes read it."""
+        if end > self._counted_to and line.strip():
+            self.bad_lines += 1
+        self._counted_to = max(self._counted_to, end)
 
     def _open_tail(self) -> list[_Recent]:
         """The raw samples not yet in a bucket of the copy."""

@@ -197,6 +197,16 @@ def test_the_history_rpc_serves_a_span_bounded(run20: tuple[Path, list[dict[str,
     assert (run / COMPACT).exists()  # the answering process made the copy
 
 
+def test_an_endless_line_is_skipped_and_counted_not_held(tmp_path: Path) -> None:
+    samples = write_history(tmp_path / "history.jsonl", T0, 30)
+    with open(tmp_path / "history.jsonl", "ab") as f:
+        f.write(b'{"updated_at": 1, "x": "' + b"y" * (6 << 20) + b'"}\n')
+    write_history(tmp_path / "history.jsonl", T0, 30, first=30)
+    got = HistoryStore(tmp_path).window("1h")
+    assert got.bad_lines == 1 and len(got.items) == 60
+    assert got.items[29]["completed"] == samples[-1]["completed"]
+
+
 def test_read_history_refuses_a_symlinked_history(tmp_path: Path) -> None:
     outside = tmp_path / "outside.jsonl"
     write_history(outside, T0, 10)
