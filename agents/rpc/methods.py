@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from agents.artifacts.manifest import MAX_LIMIT, Manifest
 from agents.artifacts.verify import VerifyError, verify_run
 from agents.queue import node as queue_node
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
-from agents.rundir.browse import OutsideRunDir, history, log_path, recent_samples, tail
+from agents.rundir.browse import (
+    OutsideRunDir,
+    history,
+    log_path,
+    recent_samples,
+    since,
+    tail,
+)
 from agents.rundir.control import (
     ControlError,
     parse_resize_value,
@@ -106,10 +114,19 @@ class ControlMethods:
             if not isinstance(name, str):
                 raise RpcError(INVALID_PARAMS, f"name must be a log name, got {name!r}")
             n = min(_int({"n": p.get("n", 100)}, "n"), MAX_LOG_LINES)
+            if "from" in p:  # following: what the log gained since an earlier answer
+                if "before" in p:
+                    raise RpcError(INVALID_PARAMS, "give from (read on) or before (read "
+                                   "back), not both")
+                offset = _int(p, "from")
+                inode = None if p.get("inode") is None else _int(p, "inode")
+                return await asyncio.to_thread(_read_log, self.run_dir, name,
+                                               lambda path: since(path, offset, inode, n))
             before = p.get("before")
             # Off the loop: a slow disk (or anything odd in logs/) never stalls other sessions.
-            return await asyncio.to_thread(_read_log, self.run_dir, name, n,
-                                           before if isinstance(before, int) else None)
+            return await asyncio.to_thread(
+                _read_log, self.run_dir, name,
+                lambda path: tail(path, n, before if isinstance(before, int) else None))
 
         async def samples(p: dict[str, Any]) -> Any:
             n = min(_int({"n": p.get("n", 10)}, "n"), 200)
@@ -219,11 +236,13 @@ def _queue_call(fn: Any, *args: Any) -> Any:
         raise RpcError(REFUSED, str(exc)) from None
 
 
-def _read_log(run_dir: Path, name: str, n: int, before: int | None) -> dict[str, Any]:
-    """A log's tail by name; refused (never read) when the name is a path or the file is a
-    symlink, a FIFO or anything but a regular file."""
+def _read_log(run_dir: Path, name: str,
+              read: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """`read` on a log found by name (its tail, or what it gained); refused (never read)
+    when the name is a path or the file is a symlink, a FIFO or anything but a regular
+    file."""
     try:
-        return tail(log_path(run_dir, name), n, before)
+        return read(log_path(run_dir, name))
     except OutsideRunDir as exc:
         raise RpcError(REFUSED, str(exc)) from None
     except OSError as exc:

@@ -25,6 +25,7 @@ from console.actions import ACTIONS, BY_ID
 from console.alerting import run_alert_command
 from console.fleet import Fleet, Node
 from console.linkstate import LinkState
+from console.logfollow import BadLogAnswer
 from console.sanitize import shown_markup
 from console.state import FleetState
 from console.transport import AgentLink, HostKeyProblem, accept_host_key
@@ -34,6 +35,7 @@ from console.tui.fetched import Fetched
 from console.tui.handlers import NAVIGATION, Controls
 from console.tui.history import MAX_POINTS, SPAN_TITLES
 from console.tui.keymap import binding_ids, resolve
+from console.tui.log_follow import LogFollower
 from console.tui.messages import (
     ActionReport,
     HistoryFetched,
@@ -52,6 +54,7 @@ from console.tui.screens.node import GenerateScreen, NodeView, TrainScreen
 from console.tui.terminal import run_in_terminal
 from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
 from console.tui.widgets.hostkey import HostKeyModal
+from console.tui.widgets.log_pane import LogPane
 from console.tui.widgets.prompt import ValueModal
 from console.tui.widgets.retry import RetryModal
 from themes import stylesheet
@@ -111,6 +114,7 @@ class FleetdeckApp(App[int]):
         self.links: dict[str, AgentLink] = {}
         self.controls = Controls(self)
         self.campaign_controls = CampaignControls(self, self.controls)
+        self.log_follower = LogFollower(self)
         # Generation campaigns: their queues say which nodes were given back (any console's
         # decommission-check records it in the campaign's prefix).
         self.queued = [c for c in fleet.campaigns if fleet.campaign_role(c) == "generate"]
@@ -348,6 +352,10 @@ class FleetdeckApp(App[int]):
         key = (self.state.version, self._changes, id(self.shown))
         if key != self._drawn or time.monotonic() - self._last_draw >= AGES_S:
             self.redraw()
+        due = self.log_follower.due()
+        if due is not None:
+            self.run_worker(self.log_follower.poll(*due), name=f"log-{due[0]}",
+                            group=f"log-{due[0]}", exit_on_error=False)
 
     def redraw(self) -> None:
         screen = self.shown
@@ -472,9 +480,25 @@ class FleetdeckApp(App[int]):
 
     @on(LogFetched)
     def _log_fetched(self, event: LogFetched) -> None:
-        self.fetched[event.node].set_log(event.name, event.reply)
-        self._changes += 1
-        self.redraw()
+        fetched = self.fetched[event.node]
+        version = fetched.version
+        error = event.error
+        if error is None and event.reply is None:
+            fetched.select_log(event.name)
+        elif error is None:
+            try:
+                fetched.set_log(event.name, event.reply, event.select)
+            except BadLogAnswer as exc:
+                error = str(exc)
+        if error is not None:
+            view = fetched.logs.get(event.name)
+            if view is not None and view.follow:
+                view.follow = False
+                fetched.version += 1
+            self.report(event.node, f"log {event.name}: {error}; not following it", ok=False)
+        if fetched.version != version:
+            self._changes += 1
+            self.redraw()
 
     @on(SamplesFetched)
     def _samples_fetched(self, event: SamplesFetched) -> None:
@@ -550,4 +574,5 @@ class FleetdeckApp(App[int]):
 
 # Every class whose bindings the keymap may move: the app, its screens and its modals.
 KEYMAP_OWNERS = (FleetdeckApp, FleetScreen, GenerateScreen, TrainScreen, DecommissionScreen,
-                 FailuresScreen, ConfirmModal, HostKeyModal, ChoiceModal, RetryModal, ValueModal)
+                 FailuresScreen, ConfirmModal, HostKeyModal, ChoiceModal, RetryModal, ValueModal,
+                 LogPane)

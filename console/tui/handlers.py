@@ -16,6 +16,7 @@ from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
 from console.artifacts.decommission import generation_campaign
+from console.logfollow import FollowedLog
 from console.sanitize import shown_markup
 from console.shell import SSH_FAILED, NoShell, shell_command
 from console.tui.fetched import log_names
@@ -30,7 +31,7 @@ from console.tui.widgets.prompt import ValueAnswer, ValueModal
 from console.tui.widgets.retry import RetryModal
 
 PENDING_S = 5.0  # how long a sent concurrency wins over snapshots that have not caught up
-LOG_LINES = 300
+LOG_LINES = 1000  # a log's first tail; then only what it gains
 SAMPLES = 12
 
 
@@ -248,14 +249,24 @@ class Controls:
                              f"folder goes to RUN_DIR/export; its log is '{reply.get('log')}'")
 
     async def logs(self, node: str) -> None:
+        """The next log of the run in the log pane (the selected GPU's server log from the
+        GPU table): its tail the first time, then only what it gained while it follows; each
+        log keeps its place (console/tui/fetched.py LogView)."""
         screen = await self.port.show_node(node)
         name = self._log_name(node, screen)
-        reply = await self.call(node, "logs", {"name": name, "n": LOG_LINES})
-        if reply is not None:
-            self.port.post_message(LogFetched(node, name, reply))
-            shown = self.port.shown
-            if isinstance(shown, NodeView):
-                shown.show_tab("tab-log")
+        view = self.port.fetched[node].logs.get(name)
+        if view is not None and not view.follow:
+            self.port.post_message(LogFetched(node, name, None, select=True))
+        else:
+            log = view.log if view is not None else FollowedLog(name)
+            reply = await self.call(node, "logs", log.params(LOG_LINES))
+            if reply is None:
+                return
+            self.port.post_message(LogFetched(node, name, reply, select=True))
+        shown = self.port.shown
+        if isinstance(shown, NodeView):
+            shown.show_tab("tab-log")
+            shown.log_pane.log_lines.focus()  # its keys: f, /, n, N, w
 
     def _log_name(self, node: str, screen: NodeView) -> str:
         snap = self.port.state.nodes[node].snapshot
@@ -267,9 +278,9 @@ class Controls:
                 return f"sglang_gpu{chosen[1][0] if chosen[1] else chosen[0]}"
         role = snap.kind if snap is not None else self.port.fleet.node(node).role
         names = log_names(role, gpus)
-        shown = self.port.fetched[node].log
-        if shown is not None and shown.name in names and screen.active_tab == "tab-log":
-            return names[(names.index(shown.name) + 1) % len(names)]
+        shown = self.port.fetched[node].log_name
+        if shown is not None and shown in names and screen.active_tab == "tab-log":
+            return names[(names.index(shown) + 1) % len(names)]
         return names[0]
 
     async def samples(self, node: str) -> None:

@@ -24,9 +24,14 @@ class HistoryFetched(Message):
 
 
 class LogFetched(Message):
-    def __init__(self, node: str, name: str, reply: dict[str, Any]) -> None:
+    """An answer to `logs` (None: the log shown as kept, not read again); `select`: the log
+    pane shows this log from now on; `error`: following it failed (it stops following)."""
+
+    def __init__(self, node: str, name: str, reply: Any, select: bool = False,
+                 error: str | None = None) -> None:
         super().__init__()
-        self.node, self.name, self.reply = node, name, reply
+        self.node, self.name, self.reply, self.select = node, name, reply, select
+        self.error = error
 
 
 class SamplesFetched(Message):

@@ -44,12 +44,15 @@ class NodeView(View):
     def active_tab(self) -> str:
         return self.query_one(TabbedContent).active
 
+    @property
+    def log_pane(self) -> LogPane:
+        return self.query_one(LogPane)
+
     def _show_fetched(self, fetched: Fetched) -> None:
         if fetched.version == self._fetched_drawn:
             return
         self._fetched_drawn = fetched.version
-        if fetched.log is not None:
-            self.query_one(LogPane).show(fetched.log.name, fetched.log.path, fetched.log.lines)
+        self.query_one(LogPane).show(fetched.log)
         if fetched.samples is not None and self.query(SamplesPane):
             self.query_one(SamplesPane).show(fetched.samples)
 
