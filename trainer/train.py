@@ -603,6 +603,11 @@ def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
             if reason is not None:
                 trainer._lost(reason, short_error(exc))
         message = f"{type(exc).__name__}: {exc}"
+        if trainer is not None and trainer.allowance.steady and "timed out" in message.lower():
+            message = (f"{type(exc).__name__}: {short_error(exc)} (a collective waited over "
+                       f"[train] node_timeout_s = {cfg.node_timeout_s:g} s after the first "
+                       f"{cfg.startup_steps} steps: a rank stuck or gone; a slow recompile "
+                       "wants more of either)")
         if trainer is not None and trainer.progress is not None:
             trainer.progress.finish("failed", message)
         elif d.node_main:
