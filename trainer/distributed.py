@@ -156,7 +156,7 @@ class Allowance:
 
     def after_step(self, done: int) -> None:
         """`done` steps taken by this run (this invocation): past the start-up ones, steady."""
-        if not self.steady and done >= self.steps:
+        if not self.steady and done >= self.steps and self.d.enabled:
             self.steady = True
             set_timeout(self.steady_s, self.d)
             log.info("start-up over after %d steps: collectives wait at most %g s", done,
