@@ -257,6 +257,13 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     seed: int = 0
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     nproc: int = 1
+    # The drafter's weights, gradients and AdamW state across processes: replicated (DDP,
+    # "never"), sharded (FSDP2, "always"), or sharded where replicating would crowd a GPU
+    # ("auto", trainer/sharding.py).
+    shard: Literal["auto", "always", "never"] = "auto"
+    # Steps (of each invocation) whose collectives wait join_timeout_s, not node_timeout_s:
+    # the first compiles of flex attention and its first recompiles.
+    startup_steps: int = 3
     # Across nodes: `nodes` machines of `nproc` processes each, joined by torchrun's c10d
     # rendezvous at rdzv_endpoint ("HOST:PORT" of node rank 0, which hosts it, writes the
     # checkpoints and the run's progress). node_rank is set per node by the launch (in a
@@ -264,11 +271,11 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     nodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
-    # A node silent this long (no heartbeat, a collective waiting) is lost: the job stops and
-    # `resume` on every node continues from the last checkpoint.
+    # A node silent this long (no heartbeat, a collective waiting; after startup_steps also
+    # on one node) is lost: the job stops and `resume` continues from the last checkpoint.
     node_timeout_s: float = 30.0
-    # How long the nodes wait for each other to start (prepare, loading the target) and for
-    # node rank 0 to write a checkpoint.
+    # How long the processes wait for each other to start (prepare, loading the target, the
+    # first steps' compiles) and for rank 0 to write a checkpoint.
     join_timeout_s: float = 1800.0
     # Evaluation by real speculative decoding.
     eval_prompts: int = 64
@@ -564,6 +571,7 @@ def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
         "eval_samples": train.eval_samples,
         "keep_last": train.keep_last,
         "nproc": train.nproc,
+        "startup_steps": train.startup_steps,
         "eval_prompts": train.eval_prompts,
         "eval_max_new_tokens": train.eval_max_new_tokens,
     }
