@@ -35,6 +35,6 @@ def push(folder: Path, repo_id: str, private: bool = True, api: Any = None) -> s
                               commit_message="fleetdeck dataset")
     except HfHubHTTPError as exc:
         raise PushError(f"--push {repo_id}: the Hub answered: {exc}") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise PushError(f"--push {repo_id}: {type(exc).__name__}: {exc}") from None
     return str(url)

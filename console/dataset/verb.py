@@ -79,6 +79,13 @@ def export(target: str, source: str, is_campaign: bool, out: Path, shard_bytes: 
     return summary
 
 
+def dataset_for_node(fleet: Any, node: str) -> dict[str, Any]:
+    """The TUI's action: NODE's pulled copy into PULL_DIR/datasets/NODE (blocking)."""
+    source = node_copy_dir(fleet.pull_dir, node)
+    return export(node, str(source), False, fleet.pull_dir / "datasets" / node,
+                  256 << 20)
+
+
 def cmd_dataset(args: argparse.Namespace) -> int:
     from console.dataset.export import MARK, ExportError
     from console.dataset.push import PushError, push

@@ -294,3 +294,78 @@ def test_a_campaign_of_two_nodes_exports_its_committed_lines(tmp_path: Path) -> 
     card = (out / "README.md").read_text()
     assert "named by no commit (left out): 6" in card and "superseded by a later attempt: 3" \
         in card
+
+
+class _Recorder:
+    """A local stand-in for the Hub's HTTP API (HF_ENDPOINT): it records every request, says
+    yes to the repo's creation and the card's check and refuses the rest with 400, so the
+    upload stops at its first request (there is no network here)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, str, bytes]] = []
+        rec = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                rec.requests.append((self.command, self.path, body))
+                if self.path.startswith("/api/repos/create"):
+                    port = self.server.server_address[1]
+                    url = f"http://127.0.0.1:{port}/datasets/me/ds"
+                    out, code = json.dumps({"url": url}).encode(), 200
+                elif self.path.startswith("/api/validate-yaml"):
+                    out, code = b"{}", 200  # the card's header, checked by the Hub itself
+                else:
+                    out, code = json.dumps({"error": "recorded, refused"}).encode(), 400
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = do_POST = do_PUT = do_HEAD = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_push_creates_the_dataset_repo_and_uploads_the_folder(pulled: tuple[Path, Path],
+                                                              tmp_path: Path) -> None:
+    fleet, _ = pulled
+    out = tmp_path / "ds"
+    hub = _Recorder()
+    try:
+        got = subprocess.run([*FLEETDECK, "--fleet", str(fleet), "dataset", "gen-1", "--to",
+                              str(out), "--push", "me/ds"], capture_output=True, text=True,
+                             timeout=600, env={**env(tmp_path), "HF_HUB_OFFLINE": "0",
+                                               "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_test"})
+    finally:
+        hub.close()
+    assert got.returncode == 1, got.stderr
+    assert "--push me/ds: the Hub answered" in got.stderr
+    seen = [(m, p) for m, p, _ in hub.requests]
+    assert ("POST", "/api/repos/create") in seen, seen
+    first = seen.index(("POST", "/api/repos/create"))
+    asked = json.loads(hub.requests[first][2])
+    assert (asked.get("organization"), asked["name"], asked["type"], asked.get("visibility")) == \
+        ("me", "ds", "dataset", "private")
+    # The next request is the upload of this folder: its files are named in it.
+    later = b" ".join(p.encode() + b" " + b for _, p, b in hub.requests[first + 1:])
+    assert b"datasets/me/ds" in later
+    assert b"README.md" in later and b"train-00000-of-00001.parquet" in later, seen
