@@ -39,3 +39,7 @@ def add(sub: Any) -> None:
     from console import failures
 
     failures.add(sub)
+
+    from console.dataset import verb as dataset
+
+    dataset.add(sub)

@@ -507,7 +507,7 @@ class Engine:
                     chat_template_kwargs=self.gen.chat_template_kwargs,
                     max_tokens=job.max_tokens, server=server.number,
                     latency_s=round(result.latency_s, 3), spec_verify_ct=result.spec_verify_ct,
-                    attempt=attempt,
+                    attempt=attempt, hedged=bool(outcome.hedge),
                 )
                 await self._write_q.put((prompt.index, attempt, encoder.encode(line) + b"\n",
                                          line, self._requeue_reason.get(prompt.index)))

@@ -46,6 +46,7 @@ from agents.supervise.acceptdrift import AcceptLevels, accept_levels
 from agents.supervise.alerts import AlertBook
 from agents.supervise.pager import Pager
 from agents.supervise.procinfo import exit_status
+from agents.supervise.provenance import capture_live
 from agents.supervise.retractions import Retractions
 from agents.supervise.router import RouterWatch
 from agents.supervise.servers import ManagedServer, ServerSet
@@ -112,6 +113,7 @@ class Supervisor:
         self.starting = True  # until the servers are up and the job has been started
         self.control = ControlMethods(self.run_dir)
         self._background: set[asyncio.Task[Any]] = set()
+        self._provenance_taken = False  # provenance.json: captured once per supervisor
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -215,9 +217,21 @@ class Supervisor:
             log.warning(self.message)
 
     def _server_state(self, server: ManagedServer) -> None:
+        if server.state == "healthy" and not self._provenance_taken:
+            # The first ready server says how the lines are made (provenance.json): the node
+            # may be gone by the time anyone exports.
+            self._provenance_taken = True
+            script = self.run_dir / "launch" / f"launch_gpu{server.gpu}.sh"
+            self._spawn(self._provenance(server.url, script))
         if self.engine is not None and self.engine_task is not None:
             self.engine.set_server_state(server.number,
                                          server.state in ("healthy", "degraded"))
+
+    async def _provenance(self, url: str, script: Path) -> None:
+        try:
+            await capture_live(self.spec, self.run_dir, url, script)
+        except Exception as exc:  # never the supervisor's end: said, and the run goes on
+            log.warning("provenance not recorded: %s: %s", type(exc).__name__, exc)
 
     def _server_figures(self, server: ManagedServer) -> None:
         self._to_engine(server.number, server.figures, server.retractions)

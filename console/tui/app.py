@@ -75,7 +75,7 @@ FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto"
                  "restart_server": "Restart"}
 # Bound and in the palette, but not worth footer room (rare, or one kind of node only;
 # failures, shell: the footer is full at 200 columns, and their keys are in the README's table).
-FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell"})
+FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell", "dataset"})
 
 
 def action_bindings() -> list[BindingType]:

@@ -338,6 +338,22 @@ class Controls:
     async def decommission(self, node: str) -> None:
         await self._decommission_screen(node, pull_first=False)
 
+    async def dataset(self, node: str) -> None:
+        """`fleetdeck dataset NODE --to PULL_DIR/datasets/NODE`, from the node's pulled copy
+        (no link needed: the node may be gone), in a thread; the answer as a notification."""
+        import asyncio
+
+        from console.dataset.verb import dataset_for_node
+
+        self.port.report(node, "Dataset: verifying the pulled copy and writing Parquet...")
+        try:
+            summary = await asyncio.to_thread(dataset_for_node, self.port.fleet, node)
+        except ValueError as exc:  # not verified, refused, nothing pulled: said whole
+            self.port.report(node, f"Dataset refused: {exc}", ok=False)
+            return
+        self.port.report(node, f"Dataset: {summary['rows']:,} rows in {summary['shards']} "
+                         f"shard(s), {summary['failed']} failed apart, in {summary['dir']}")
+
     async def _decommission_screen(self, node: str, pull_first: bool) -> None:
         if self.port.connected_link(node) is None:
             what = "Pull" if pull_first else "Decommission check"
