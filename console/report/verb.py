@@ -19,7 +19,7 @@ from console.report.render import NoMatplotlib, write
 from console.report.series import RunHistory
 from console.runhistory import BadHistory, HistoryRead, read_dir, read_link
 from console.sanitize import shown
-from console.transport import Unreachable
+from console.transport import AgentLink, Unreachable
 
 
 def add(sub: Any) -> None:
@@ -35,7 +35,7 @@ def add(sub: Any) -> None:
 
 
 def _noted(h: RunHistory, info: HistoryRead) -> RunHistory:
-    notes = []
+    notes = [h.note] if h.note else []
     if info.refused:
         notes.append(f"history not read: {info.refused}")
     if info.cut:
@@ -78,26 +78,30 @@ def read_local(folder: Path) -> list[RunHistory]:
     return runs
 
 
-async def read_node(node: Node, accept_new: bool, timeout: float) -> RunHistory:
-    """One node's history over its link; an unreachable or refusing node is a run with a note
-    (a campaign's report is written with the nodes that answered)."""
-    h = RunHistory(node.name)
+async def read_history(link: AgentLink, name: str, timeout: float = 120.0) -> RunHistory:
+    """One node's history over a link that is open; a refusal or a broken answer is a run
+    with a note (a campaign's report is written with the nodes that answered)."""
+    h = RunHistory(name)
     info = HistoryRead()
     try:
-        link = await open_link(node, accept_new)
-    except (Unreachable, OSError) as exc:
-        h.note = f"unreachable: {exc}"
-        return h
-    try:
-        async for page in read_link(link, node.name, info, timeout=timeout):
+        async for page in read_link(link, name, info, timeout=timeout):
             h.add(page)
     except (RpcError, ConnectionError, TimeoutError, BadHistory) as exc:
         h.note = f"history failed: {getattr(exc, 'message', None) or exc}"
         h.finish()
         return h
+    return _noted(h, info)
+
+
+async def read_node(node: Node, accept_new: bool, timeout: float) -> RunHistory:
+    try:
+        link = await open_link(node, accept_new)
+    except (Unreachable, OSError) as exc:
+        return RunHistory(node.name, note=f"unreachable: {exc}")
+    try:
+        return await read_history(link, node.name, timeout)
     finally:
         await link.close()
-    return _noted(h, info)
 
 
 async def read_fleet(fleet: Fleet, name: str, accept_new: bool, timeout: float
@@ -150,3 +154,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print(path, file=sys.stdout)
     return EXIT_OK
+
+
+def tui_dest(pull_dir: Path, name: str) -> Path:
+    """Where the TUI writes a node's or a campaign's report: PULL_DIR/reports/NAME (names are
+    one plain folder name, checked when the fleet file loads)."""
+    return pull_dir / "reports" / name

@@ -71,8 +71,9 @@ FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autot
 FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto",
                  "restart_server": "Restart"}
 # Bound and in the palette, but not worth footer room (rare, or one kind of node only;
-# failures, shell: the footer is full at 200 columns, and their keys are in the README's table).
-FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell"})
+# failures, shell, report: the footer is full at 200 columns, and their keys are in the
+# README's table).
+FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell", "report"})
 
 
 def action_bindings() -> list[BindingType]:
