@@ -47,3 +47,7 @@ def add(sub: Any) -> None:
     from console import s3inventory
 
     s3inventory.add(sub)
+
+    from console import replay
+
+    replay.add(sub)

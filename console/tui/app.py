@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from textual import on
 from textual.app import App, ScreenStackError
 from textual.binding import Binding, BindingType
+from textual.dom import DOMNode
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.worker import Worker, WorkerState
@@ -176,11 +177,16 @@ class FleetdeckApp(App[int]):
             self.set_timer(self.exit_after, lambda: self.exit(0))
 
     def _apply_keymap(self) -> None:
-        keymap = resolve(self.settings.keymap, binding_ids(KEYMAP_OWNERS), self.fleet.source)
+        keymap = resolve(self.settings.keymap, binding_ids(self.keymap_owners()),
+                         self.fleet.source)
         for warning in keymap.warnings:
             self.notify(warning, severity="warning", timeout=15)
         self._keys.update(keymap.keys)
         self.set_keymap(keymap.keys)
+
+    def keymap_owners(self) -> tuple[type[DOMNode], ...]:
+        """The classes whose binding ids the user's keymap may move (a replay adds its own)."""
+        return KEYMAP_OWNERS
 
     def key_for(self, action_id: str) -> str:
         return self._keys.get(action_id, "")
