@@ -328,7 +328,11 @@ class Engine:
         files closed, run.lock released."""
         try:
             self._sync_totals(self._totals_record())
-            self._write_progress(durable=True)
+            last = self._write_progress(durable=True)
+            if last is not None and self.status in ("done", "stopped", "failed"):
+                # The run's end is in its history too (a report, a replay), not only a
+                # sample up to 10 s before it.
+                self.heartbeat.append_history(last)
         finally:
             self.store.close()
             self.journal.close()

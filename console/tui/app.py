@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from textual import on
 from textual.app import App, ScreenStackError
 from textual.binding import Binding, BindingType
+from textual.dom import DOMNode
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.worker import Worker, WorkerState
@@ -74,8 +75,9 @@ FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autot
 FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto",
                  "restart_server": "Restart"}
 # Bound and in the palette, but not worth footer room (rare, or one kind of node only;
-# failures, shell: the footer is full at 200 columns, and their keys are in the README's table).
-FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell", "dataset"})
+# failures, shell, dataset, report: the footer is full at 200 columns, and their keys are in
+# the README's table).
+FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell", "dataset", "report"})
 
 
 def action_bindings() -> list[BindingType]:
@@ -179,11 +181,16 @@ class FleetdeckApp(App[int]):
             self.set_timer(self.exit_after, lambda: self.exit(0))
 
     def _apply_keymap(self) -> None:
-        keymap = resolve(self.settings.keymap, binding_ids(KEYMAP_OWNERS), self.fleet.source)
+        keymap = resolve(self.settings.keymap, binding_ids(self.keymap_owners()),
+                         self.fleet.source)
         for warning in keymap.warnings:
             self.notify(warning, severity="warning", timeout=15)
         self._keys.update(keymap.keys)
         self.set_keymap(keymap.keys)
+
+    def keymap_owners(self) -> tuple[type[DOMNode], ...]:
+        """The classes whose binding ids the user's keymap may move (a replay adds its own)."""
+        return KEYMAP_OWNERS
 
     def key_for(self, action_id: str) -> str:
         return self._keys.get(action_id, "")

@@ -5,8 +5,10 @@ node never blocks the screen. They reach the app only through ActionPort."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from textual.app import SuspendNotSupported
@@ -17,6 +19,9 @@ from agents.rundir.schema import Progress
 from console.actions import BY_ID
 from console.artifacts.decommission import generation_campaign
 from console.logfollow import FollowedLog
+from console.report.render import NoMatplotlib, write
+from console.report.series import RunHistory
+from console.report.verb import read_history, tui_dest
 from console.sanitize import shown_markup
 from console.shell import SSH_FAILED, NoShell, shell_command
 from console.tui.fetched import log_names
@@ -330,6 +335,35 @@ class Controls:
             self.port.report(node, f"shell closed (exit status {code})")
 
     # -- artifacts ----------------------------------------------------------------------------
+
+    async def report(self, node: str) -> None:
+        """The run's whole history as a report (console/report), from the node's link."""
+        link = self.port.connected_link(node)
+        if link is None:
+            self.port.report(node, "Report failed: not connected", ok=False)
+            return
+        self.port.report(node, "report: reading the run's history ...")
+        run = await read_history(link, node)
+        await self.write_report(node, [run], f"node {node}, through its history")
+
+    async def write_report(self, name: str, runs: list[RunHistory], source: str,
+                           campaign: str | None = None) -> Path | None:
+        """Draw and write it in a thread (matplotlib takes seconds); the page's path."""
+        dest = tui_dest(self.port.fleet.pull_dir, name)
+        title = f"Run report: {'campaign ' if campaign else ''}{name}"
+        try:
+            path = await asyncio.to_thread(write, dest, title, source, runs, campaign)
+        except NoMatplotlib as exc:
+            self.port.report(name, f"Report failed: {exc}", ok=False)
+            return None
+        except OSError as exc:
+            self.port.report(name, f"Report failed: cannot write {dest}: "
+                             f"{exc.strerror or exc}", ok=False)
+            return None
+        notes = "; ".join(f"{r.name}: {r.note}" for r in runs if r.note)
+        self.port.report(name, f"report written: {path}" + (f" ({notes})" if notes else ""),
+                         ok=not notes)
+        return path
 
     async def pull(self, node: str) -> None:
         """Pull into the configured folder, with its progress bar, then the checklist."""

@@ -1,4 +1,4 @@
-"""The TUI's dataset action (H): the selected node's pulled copy becomes a dataset in
+"""The TUI's dataset action (T): the selected node's pulled copy becomes a dataset in
 PULL_DIR/datasets/NODE, and the outcome is said; a copy edited after the pull is refused."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def test_the_dataset_action_writes_the_pulled_runs_dataset(tmp_path: Path)
     async with app.run_test(size=(150, 45)) as pilot:
         await app.show_node("gen-1")
         await pilot.pause()
-        await pilot.press("H")
+        await pilot.press("T")
         await until(pilot, lambda: "Dataset: 20 rows" in said(app), 180,
                     "the dataset written")
         out = pulls / "datasets" / "gen-1"
@@ -38,6 +38,6 @@ async def test_the_dataset_action_writes_the_pulled_runs_dataset(tmp_path: Path)
 
         batch = pulls / "gen-1" / "r1" / "completions" / "completions_000000.jsonl"
         batch.write_bytes(batch.read_bytes().replace(b"answer 1 ", b"answer 7 "))
-        await pilot.press("H")
+        await pilot.press("T")
         await until(pilot, lambda: "Dataset refused" in said(app), 180, "the refusal")
         assert "changed since it was pulled" in said(app)
