@@ -3,12 +3,13 @@
 `fleetdeck pull` (pull_node over an AgentLink with PULL_CIPHERS, sha256 of every file checked
 against the manifest, fsync) beside OpenSSH `scp -r` (its default cipher, then AES-GCM) and
 `rsync -a` over ssh, measured in the same run. Pull's data path is printed: the agent's
-framed stream over OpenSSH's ssh, a few at once ("stream", the default), OpenSSH's sftp client
-in parallel batches ("openssh"), or asyncssh's SFTP ("asyncssh"); `--engine` forces one.
-The node's manifest cache is warmed once beforehand (not timed), so pull is measured as
-transfer + client-side checksum, as on a node whose agent has hashed its files already. Each transfer runs `--runs`
-times into a fresh destination, in rounds that interleave the tools; the best of each counts.
-Prints MB/s (10^6 bytes) and the ratios pull/scp, pull/rsync and pull/rsync-fsync (rsync -a
+framed stream over OpenSSH's ssh, a few at once ("stream", the default), OpenSSH's sftp
+client in parallel batches ("openssh"), or asyncssh's SFTP ("asyncssh"); `--engine` forces
+one. The node's manifest cache is warmed once beforehand (not timed), so pull is measured as
+transfer + client-side checksum, as on a node whose agent has hashed its files already. Each
+transfer runs `--runs` times into a fresh destination, in rounds that interleave the tools;
+the best of each counts. Prints MB/s (10^6 bytes) and the ratios pull/scp, pull/rsync and
+pull/rsync-fsync (rsync -a
 --fsync: durable when it returns, as pull is). Target: pull >= 1.0x rsync -a.
 
     .venv/bin/python benchmarks/pull.py [--big 10] [--big-mb 100] [--small 1000] [--runs 2]
