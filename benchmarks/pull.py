@@ -9,7 +9,8 @@ one. The node's manifest cache is warmed once beforehand (not timed), so pull is
 transfer + client-side checksum, as on a node whose agent has hashed its files already. Each
 transfer runs `--runs` times into a fresh destination, in rounds that interleave the tools;
 the best of each counts. Prints MB/s (10^6 bytes) and the ratios pull/scp, pull/rsync and
-pull/rsync-fsync (rsync -a --fsync: durable when it returns, as pull is). Target: pull >= 1.0x rsync -a.
+pull/rsync-fsync (rsync -a --fsync: durable when it returns, as pull is).
+Target: pull >= 1.0x rsync -a.
 
     .venv/bin/python benchmarks/pull.py [--big 10] [--big-mb 100] [--small 1000] [--runs 2]
                                         [--engine auto|stream|openssh|asyncssh]
