@@ -21,6 +21,8 @@
     name = "traces-10m"
     nodes = ["gen-1", "gen-2"]              # each takes chunks of work under its own name
     spec = "/data/runs/traces.toml"         # on each node; a node's own `spec` wins
+    s3 = "s3://bucket/traces/"              # its [s3]: where `dataset` reads it (optional)
+    endpoint_url = "https://s3.example"     # an S3 other than AWS's (optional)
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ class Campaign(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     nodes: list[str]
     spec: str | None = None  # the run spec on each node; a node's own `spec` wins
+    # The campaign's S3 prefix (its nodes' [s3]) and endpoint: where the console itself reads
+    # its commits (`dataset`). Taken from this file only: the console sends its own S3
+    # credentials nowhere a node names.
+    s3: str | None = None
+    endpoint_url: str | None = None
 
     def position(self, node: str) -> int:
         """K: the node's place in the campaign (a training campaign's rank)."""
@@ -221,6 +228,11 @@ def check_campaigns(fleet: Fleet, source: str) -> None:
         names.add(c.name)
         if c.name in nodes:
             raise FleetError(f"{where}: name is also a node's; a verb could not tell them apart")
+        if c.s3 is not None and not re.fullmatch(r"s3://[^/\s]+(/\S*)?", c.s3):
+            raise FleetError(f"{where}: key s3: {c.s3!r} is not s3://BUCKET/PREFIX")
+        if c.endpoint_url is not None and not re.fullmatch(r"https?://\S+", c.endpoint_url):
+            raise FleetError(f"{where}: key endpoint_url: {c.endpoint_url!r} is not an "
+                             "http(s):// URL")
         if not c.nodes:
             raise FleetError(f"{where}: key nodes is empty (name the [[nodes]] it runs on)")
         seen: set[str] = set()

@@ -132,6 +132,7 @@ class CampaignSource:
     uncommitted: int  # chunks of any generation not committed yet
     copied: int = 0  # objects copied from S3 this time
     failed: list[int] = field(default_factory=list)  # indices their final commit marks failed
+    union: Union | None = None  # the commits read (who committed what, when)
 
     @property
     def what(self) -> str:
@@ -264,7 +265,7 @@ def from_folder(folder: Path) -> CampaignSource:
         batches.append(Batch(local, part, str(local)))
     listed = store.list_objects_v2(Bucket="", Prefix=f"{BATCHES}/")["Contents"]
     return CampaignSource(where, u.pin, batches, _unnamed((o["Key"] for o in listed), parts),
-                          _uncommitted(u), failed=_failed(u))
+                          _uncommitted(u), failed=_failed(u), union=u)
 
 
 def from_s3(client: Any, bucket: str, prefix: str, cache: Path) -> CampaignSource:
@@ -311,7 +312,7 @@ def from_s3(client: Any, bucket: str, prefix: str, cache: Path) -> CampaignSourc
     finally:
         atomic_write(stamps, msgspec.json.encode(known))
     return CampaignSource(where, u.pin, batches, _unnamed(iter(listed), parts), _uncommitted(u),
-                          copied, _failed(u))
+                          copied, _failed(u), u)
 
 
 def _etag(answer: dict[str, Any]) -> str:

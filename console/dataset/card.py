@@ -101,6 +101,8 @@ def card(data: Data, fig: Figures) -> str:
         cost = prog.get("cost")
         lines.append(f"- cost: {json.dumps(cost)}" if cost else
                      "- cost: unknown (no `[run] cost_per_gpu_hour`)")
+    elif data.kind == "campaign":
+        lines += _campaign_time(data)
     else:
         lines.append("- wall time, GPU-hours, cost: per node (see each node's progress)")
     lines += ["", "### Finish reasons", "", "| finish_reason | rows |", "|---|---|"]
@@ -128,7 +130,10 @@ def card(data: Data, fig: Figures) -> str:
                   Counter(f.error for f in data.failures).most_common()]
     else:
         lines.append("none")
-    lines += ["", "## How it was made", "", *_provenance(data, prov)]
+    if data.kind == "campaign":
+        lines += ["", "## How it was made", "", *_campaign_provenance(data)]
+    else:
+        lines += ["", "## How it was made", "", *_provenance(data, prov)]
     lines += ["", "## Schema", "", "One row per prompt index: `index`, `id`, `messages` "
               "(list of {role, content, extra: the message's other keys as JSON}), "
               "`reasoning`, `content`, `tool_calls` and `tools` (JSON strings), "
@@ -144,6 +149,75 @@ def _rest(fig: Figures) -> list[int]:
     left.subtract(Counter(fig.hedged))
     left.subtract(Counter(fig.deadline))
     return sorted(left.elements())
+
+
+def _hours(h: float | None) -> str:
+    return f"{h:,.2f} h" if h is not None else "?"
+
+
+def _campaign_time(data: Data) -> list[str]:
+    """Wall time from the commits, and each node's run: its commits' span, and the GPU-hours
+    and cost its pulled copy says."""
+    runs = data.nodes
+    starts = [r.started_at for r in runs if r.started_at is not None]
+    ends = [r.committed_at for r in runs if r.committed_at is not None]
+    wall = (max(ends) - min(starts)) / 3600 if starts and ends else None
+    out = [f"- wall time: {_hours(wall)}, from the first chunk's start to the last commit "
+           "(on the nodes' clocks)"]
+    known = [r for r in runs if r.gpu_hours is not None]
+    if known:
+        gh = sum(r.gpu_hours or 0.0 for r in known)
+        out.append(f"- GPU-hours: {gh:,.2f} over {len(known)} of {len(runs)} node run(s) "
+                   "(from their pulled copies)")
+    else:
+        out.append("- GPU-hours: unknown (S3 holds none: pull a node to count its own)")
+    paid = [r.usd for r in runs if r.usd is not None]
+    out.append(f"- cost: ${sum(paid):,.2f} over {len(paid)} of {len(runs)} node run(s)"
+               if paid else "- cost: unknown (no pulled copy with `[run] cost_per_gpu_hour`)")
+    out += ["", "| node | run | commits | its commits span | GPU-hours | cost | notes |",
+            "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        ghs = f"{r.gpu_hours:,.2f}" if r.gpu_hours is not None else "-"
+        usd = f"${r.usd:,.2f}" if r.usd is not None else "-"
+        out.append(f"| {_cell(r.node)} | {_cell(r.run_id)} | {r.commits:,} | "
+                   f"{_hours(r.hours)} | {ghs} | {usd} | {_cell('; '.join(r.notes)) or '-'} |")
+    return out
+
+
+def _cell(text: str) -> str:
+    """Text from S3 in a table cell: one line, no column break."""
+    return " ".join(str(text).split()).replace("|", "\\|")[:300]
+
+
+def _campaign_provenance(data: Data) -> list[str]:
+    """The first node's provenance in full, and which nodes differ from it."""
+    from agents.supervise.provenance import SAME
+
+    have = [r for r in data.nodes if isinstance(r.provenance, dict)]
+    if not have:
+        return _provenance(data, None)
+    first = have[0]
+    out = _provenance(data, first.provenance)
+    out.append(f"- as captured on {first.node} ({first.run_id}); every node's is in "
+               "`provenance.json` beside this card")
+
+    def last(r: Any) -> dict[str, Any]:
+        caps = r.provenance.get("captures")
+        cap = caps[-1] if isinstance(caps, list) and caps else None
+        return {k: cap.get(k) for k in SAME} if isinstance(cap, dict) else {}
+
+    base = last(first)
+    for r in have[1:]:
+        other = last(r)
+        differ = [k for k in SAME if other.get(k) != base.get(k)]
+        if differ:
+            out.append(f"- **{_cell(r.node)} differs** in {', '.join(differ)}")
+    if len(have) > 1 and all(last(r) == base for r in have[1:]):
+        out.append(f"- the same on every node that recorded one ({len(have)})")
+    missing = [r.node for r in data.nodes if r.provenance is None]
+    if missing:
+        out.append(f"- no provenance in S3 for: {', '.join(_cell(n) for n in missing)}")
+    return out
 
 
 def _provenance(data: Data, prov: dict[str, Any] | None) -> list[str]:

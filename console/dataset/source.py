@@ -30,8 +30,15 @@ import msgspec
 
 from agents.engine.store import parse_done_line
 from agents.rundir.batchnames import PARTIAL, is_closed_batch
-from agents.rundir.schema import BatchLine, FailureEvent, ManifestEntry, failure_decoder
+from agents.rundir.schema import BatchLine, ManifestEntry
 from console.artifacts.pullset import STATE_DIR
+from console.dataset.journals import (
+    Failure,
+    NodeRun,
+    failure,
+    journal_events,
+    read_journals,
+)
 from trainer.readstats import ReadStats, SourceError
 
 PULL_ALL = "pull it again with `fleetdeck pull NODE --all` (batches held in S3 too)"
@@ -48,14 +55,6 @@ class NotVerified(ValueError):
 
 
 @dataclass
-class Failure:
-    index: int
-    error: str
-    message: str
-    attempt: int | None = None
-
-
-@dataclass
 class Data:
     """A verified source, ready to read once."""
 
@@ -68,6 +67,8 @@ class Data:
     provenance: dict[str, Any] | None = None
     pin: dict[str, Any] = field(default_factory=dict)
     spec_text: str | None = None
+    # A campaign's nodes as its prefix shows them (console/dataset/journals.py).
+    nodes: list[NodeRun] = field(default_factory=list)
 
     def lines(self, stats: ReadStats) -> Iterator[tuple[str, BatchLine]]:
         yield from self.reader.lines(stats)
@@ -107,27 +108,12 @@ def _manifest(copy: Path) -> list[ManifestEntry]:
 def failures_of(path: Path) -> tuple[list[Failure], set[tuple[int, int]]]:
     """The indices whose last event in a failures journal is `failed` (by class), and every
     (index, attempt) a missed deadline sent again."""
-    last: dict[int, FailureEvent] = {}
-    deadline: set[tuple[int, int]] = set()
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return [], deadline
-    for lineno, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            ev = failure_decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise SourceError(f"{path}:{lineno}: unreadable journal line: {exc}") from None
-        if ev.index is None:
-            continue
-        last[ev.index] = ev
-        if ev.event == "requeued" and ev.what == "deadline":
-            deadline.add((ev.index, ev.attempt or 1))
-    failed = [Failure(i, e.error or "?", (e.message or "")[:300], e.attempt)
-              for i, e in sorted(last.items()) if e.event == "failed"]
-    return failed, deadline
+        return [], set()
+    last, deadline = journal_events(data, str(path))
+    return [failure(i, e) for i, e in sorted(last.items()) if e.event == "failed"], deadline
 
 
 class _CheckedFolder:
@@ -246,18 +232,24 @@ def campaign(where: str, cache: Path, endpoint_url: str | None = None,
         from trainer.sources import _client, _s3_parts
 
         bucket, prefix = _s3_parts(where)
+        prefix = camp.normal(prefix)
         client = client or _client(bucket, endpoint_url)
         if not camp.is_campaign_prefix(client, bucket, prefix):
             raise SourceError(f"{where}: no campaign there (no {camp.PIN})")
         src = camp.from_s3(client, bucket, prefix, cache)
     else:
+        from trainer.folderstore import FolderStore
+
         folder = Path(where)
         if not camp.is_campaign_folder(folder):
             raise SourceError(f"{where}: not a copy of a campaign's prefix (no {camp.PIN})")
         src = camp.from_folder(folder)
+        client, bucket, prefix = FolderStore(folder), "", ""
     if src.uncommitted:
         raise NotVerified(where, [f"{src.uncommitted} chunk(s) not committed yet: the campaign "
                                   "has not finished (its lines would be missing)"])
-    failed = [Failure(i, "failed", "marked failed by its commit") for i in src.failed]
+    assert src.union is not None
+    seen = read_journals(client, bucket, prefix, src.union, src.where)
     pin = msgspec.to_builtins(src.pin)
-    return Data(src.what, "campaign", src, failed, set(), {}, None, pin, None)
+    return Data(src.what, "campaign", src, seen.failures, seen.deadline, {}, None, pin, None,
+                seen.nodes)
