@@ -4,6 +4,7 @@ when every line was read and written: a refused line leaves no half dataset behi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,9 @@ SHARD_BYTES = 256 << 20  # text per shard: the Hub's viewer and loaders like a f
 ROW_GROUP = 1000
 MARK = ".fleetdeck-dataset.json"  # says DIR holds an export of ours, which may be replaced
 DATA = "data"
+# Left in DIR by others and never part of the export: the Hub's resumable upload keeps its
+# state under .cache/huggingface/ in the folder it uploads.
+NOT_OURS = (".cache",)
 
 
 class ExportError(ValueError):
@@ -144,8 +148,68 @@ def _refuse_bad(stats: ReadStats) -> None:
                           "read is never exported; fix or remove it on the node, pull again")
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    """Every file of the export under `folder` (its mark and others' state left out), by its
+    path inside it; a symlink or anything not a plain file is listed as found, to refuse."""
+    out: dict[str, Path] = {}
+    for path in folder.rglob("*"):
+        rel = path.relative_to(folder).as_posix()
+        if rel == MARK or rel.split("/")[0] in NOT_OURS or (path.is_dir()
+                                                               and not path.is_symlink()):
+            continue
+        out[rel] = path
+    return out
+
+
+def fingerprint(folder: Path) -> dict[str, list[Any]]:
+    """rel -> [size, sha256] of every file of the export: the mark keeps it, so a later run
+    can tell the folder is still the export it wrote."""
+    return {rel: [p.stat().st_size, _sha256(p)] for rel, p in sorted(_files(folder).items())}
+
+
+def earlier_export(out: Path, target: str, source: str) -> tuple[dict[str, Any] | None, str]:
+    """DIR's mark when DIR still holds, byte for byte, the export this command wrote of the
+    same target from the same source (every file its mark lists, with that size and sha256,
+    and no other); else None and why not."""
+    try:
+        mark = json.loads((out / MARK).read_bytes())
+    except FileNotFoundError:
+        return None, f"{out}: no earlier export there"
+    except (OSError, ValueError) as exc:
+        return None, f"{out / MARK}: unreadable: {exc}"
+    if not isinstance(mark, dict) or not isinstance(mark.get("files"), dict):
+        return None, f"{out / MARK}: lists no file hashes (an export from before they were kept)"
+    if (mark.get("target"), mark.get("source")) != (target, source):
+        return None, (f"{out}: an export of {mark.get('target')!r} from {mark.get('source')!r}, "
+                      f"not of {target!r} from {source!r}")
+    listed: dict[str, Any] = mark["files"]
+    here = _files(out)
+    for rel in sorted(set(here) - set(listed)):
+        return None, f"{out / rel}: not part of the export its mark lists"
+    for rel, want in sorted(listed.items()):
+        path = here.get(rel)
+        if path is None or path.is_symlink() or not path.is_file():
+            return None, f"{out / rel}: missing (or not a plain file)"
+        if not (isinstance(want, list) and len(want) == 2):
+            return None, f"{out / MARK}: {rel}: not [size, sha256]"
+        size = path.stat().st_size
+        if size != want[0] or _sha256(path) != want[1]:
+            return None, f"{out / rel}: changed since it was exported"
+    return mark, f"{out}: the export of {target} made at {mark.get('made_at')}, every file as " \
+        "written"
+
+
 def finish(tmp: Path, out: Path, mark: dict[str, Any]) -> None:
     """Move the new dataset into DIR (an older export of ours there is replaced)."""
+    mark = {**mark, "files": fingerprint(tmp)}
     (tmp / MARK).write_text(json.dumps(mark, indent=1) + "\n")
     if out.exists():
         old = out.with_name(f".{out.name}.fleetdeck-old")

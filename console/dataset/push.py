@@ -1,12 +1,15 @@
 """`--push REPO_ID`: the exported folder uploaded to a Hugging Face dataset repo with the Hub's
 resumable upload: `upload_large_folder` (huggingface_hub 1.x), or `upload_folder` where 2.0
 folded it in (streamed in several commits with hf_xet, resumed by running again). The token
-is the Hub's own (HF_TOKEN or `hf auth login`): fleetdeck never reads, asks or stores it."""
+is the Hub's own (HF_TOKEN or `hf auth login`): fleetdeck never reads, asks or stores it.
+The folder's mark (local paths, hashes) stays here."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from console.dataset.export import MARK
 
 
 class PushError(ValueError):
@@ -29,10 +32,10 @@ def push(folder: Path, repo_id: str, private: bool = True, api: Any = None) -> s
         large = getattr(api, "upload_large_folder", None)
         if large is not None:
             large(repo_id=repo_id, folder_path=str(folder), repo_type="dataset",
-                  private=private)
+                  private=private, ignore_patterns=[MARK])
         else:
             api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="dataset",
-                              commit_message="fleetdeck dataset")
+                              commit_message="fleetdeck dataset", ignore_patterns=[MARK])
     except HfHubHTTPError as exc:
         raise PushError(f"--push {repo_id}: the Hub answered: {exc}") from None
     except (OSError, ValueError) as exc:

@@ -1,7 +1,9 @@
 """`fleetdeck dataset NODE|CAMPAIGN --to DIR [--push REPO_ID]`: on the console, never on the
 node (the agent is installed without extras; the node may be gone): a node's run from its
 pulled copy (PULL_DIR/NODE/RUN, `pull --all`), a campaign from its S3 prefix or a copy of it,
-through its commits. Refused unless the source verifies (console/dataset/source.py)."""
+through its commits. Refused unless the source verifies (console/dataset/source.py). With
+--push, a DIR that still holds this export byte for byte (its mark's hashes) is pushed as it
+is, not exported again: a push cut short and run again resumes its upload."""
 
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ def add(sub: Any) -> None:
                    "or one this command wrote)")
     p.add_argument("--from", dest="source", default=None, metavar="PATH|s3://BUCKET/PREFIX",
                    help="a node: its pulled copy (default: the one run under "
-                   "PULL_DIR/NODE/); a campaign: its S3 prefix or a copy of it (required)")
-    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for a campaign's s3://")
+                   "PULL_DIR/NODE/); a campaign: its S3 prefix or a copy of it (default: "
+                   "its [[campaigns]] s3)")
+    p.add_argument("--endpoint-url", default=None, help="S3 endpoint for a campaign's s3:// "
+                   "(default: its [[campaigns]] endpoint_url)")
     p.add_argument("--shard-mb", type=float, default=256.0, help="text per Parquet shard")
     p.add_argument("--push", default=None, metavar="REPO_ID",
                    help="then upload DIR to this Hugging Face dataset repo (OWNER/NAME)")
@@ -49,23 +53,32 @@ def node_copy_dir(pull_dir: Path, node: str) -> Path:
 
 
 def export(target: str, source: str, is_campaign: bool, out: Path, shard_bytes: int,
-           endpoint_url: str | None = None, s3_client: Any = None) -> dict[str, Any]:
-    """Verify the source, write DIR; what was written. NotVerified, ExportError, SourceError."""
+           endpoint_url: str | None = None, s3_client: Any = None,
+           pull_dir: Path | None = None) -> dict[str, Any]:
+    """Verify the source, write DIR; what was written. NotVerified, ExportError, SourceError.
+    A campaign's nodes' GPU-hours and cost come from their pulled copies in `pull_dir`."""
     from console.dataset import export as ex
     from console.dataset.card import card
+    from console.dataset.journals import attach_pulled
     from console.dataset.source import campaign, node_copy
 
     tmp = ex.prepare_dir(out)
     try:
         data = (campaign(source, tmp / ".cache", endpoint_url, s3_client) if is_campaign
                 else node_copy(Path(source)))
+        if is_campaign and pull_dir is not None:
+            attach_pulled(data.nodes, pull_dir)
         fig = ex.write_shards(data, tmp, shard_bytes)
         shutil.rmtree(tmp / ".cache", ignore_errors=True)
         with open(tmp / "failures.jsonl", "w") as f:
             for fl in data.failures:
                 f.write(json.dumps({"index": fl.index, "error": fl.error,
                                     "message": fl.message, "attempt": fl.attempt}) + "\n")
-        if data.provenance is not None:
+        if data.kind == "campaign" and data.nodes:
+            # Every node run's, as S3 holds it (null where it holds none).
+            every = {f"{r.node}/{r.run_id}": r.provenance for r in data.nodes}
+            (tmp / "provenance.json").write_text(json.dumps({"nodes": every}, indent=1) + "\n")
+        elif data.provenance is not None:
             (tmp / "provenance.json").write_text(json.dumps(data.provenance, indent=1) + "\n")
         (tmp / "README.md").write_text(card(data, fig))
         summary = {"target": target, "source": source, "dir": str(out), "rows": fig.rows,
@@ -86,8 +99,28 @@ def dataset_for_node(fleet: Any, node: str) -> dict[str, Any]:
                   256 << 20)
 
 
+def campaign_source(fleet: Any, name: str) -> tuple[str, str | None]:
+    """A campaign's S3 prefix and endpoint as its [[campaigns]] table gives them; FleetError
+    naming what to set otherwise."""
+    c = fleet.campaign(name)
+    if c.s3 is None:
+        raise FleetError(f"campaign {name}: give --from s3://BUCKET/PREFIX (its nodes' [s3] "
+                         "section's) or a copy of that prefix, or set s3 = \"s3://BUCKET/"
+                         "PREFIX\" (and endpoint_url) in its [[campaigns]] table")
+    return c.s3, c.endpoint_url
+
+
+def dataset_for_campaign(fleet: Any, name: str) -> dict[str, Any]:
+    """The TUI's action on a campaign row: the campaign through its commits, read from its
+    [[campaigns]] s3 with the console's own S3 credentials, into PULL_DIR/datasets/NAME
+    (blocking)."""
+    source, endpoint = campaign_source(fleet, name)
+    return export(name, source, True, fleet.pull_dir / "datasets" / name, 256 << 20, endpoint,
+                  pull_dir=fleet.pull_dir)
+
+
 def cmd_dataset(args: argparse.Namespace) -> int:
-    from console.dataset.export import MARK, ExportError
+    from console.dataset.export import MARK, ExportError, earlier_export
     from console.dataset.push import PushError, push
     from console.dataset.source import NotVerified
     from trainer.readstats import SourceError
@@ -102,19 +135,28 @@ def cmd_dataset(args: argparse.Namespace) -> int:
         is_campaign = fleet.has_campaign(args.node_name)
         if not is_campaign:
             fleet.node(args.node_name)  # a name the fleet file knows
-        source = args.source
+        source, endpoint = args.source, args.endpoint_url
         if source is None and is_campaign:
-            raise FleetError(f"campaign {args.node_name}: give --from s3://BUCKET/PREFIX (its "
-                             "[s3] section's) or a copy of that prefix")
+            source, endpoint = campaign_source(fleet, args.node_name)
+            endpoint = args.endpoint_url or endpoint
         if source is None:
             source = str(node_copy_dir(fleet.pull_dir, args.node_name))
     except FleetError as exc:
         say(str(exc))
         return EXIT_USAGE
     out = Path(args.to).expanduser()
+    reused, why = earlier_export(out, args.node_name, source) if args.push else (None, "")
     try:
-        summary = export(args.node_name, source, is_campaign, out,
-                         max(1, int(args.shard_mb * (1 << 20))), args.endpoint_url)
+        if reused is not None:
+            say(f"fleetdeck dataset {args.node_name}: {shown(why)}: pushed as it is, not "
+                "exported again (remove it, or run without --push, to export afresh)")
+            summary = {k: v for k, v in reused.items() if k != "files"} | {"reused": True}
+        else:
+            if args.push and (out / MARK).is_file():
+                say(f"fleetdeck dataset {args.node_name}: exporting again: {shown(why)}")
+            summary = export(args.node_name, source, is_campaign, out,
+                             max(1, int(args.shard_mb * (1 << 20))), endpoint,
+                             pull_dir=fleet.pull_dir)
     except NotVerified as exc:
         say(f"fleetdeck dataset {args.node_name}: {shown(str(exc))}")
         for p in exc.problems[:50]:

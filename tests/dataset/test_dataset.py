@@ -369,3 +369,47 @@ def test_push_creates_the_dataset_repo_and_uploads_the_folder(pulled: tuple[Path
     later = b" ".join(p.encode() + b" " + b for _, p, b in hub.requests[first + 1:])
     assert b"datasets/me/ds" in later
     assert b"README.md" in later and b"train-00000-of-00001.parquet" in later, seen
+
+
+def push(fleet: Path, out: Path, tmp: Path, hub: _Recorder) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*FLEETDECK, "--fleet", str(fleet), "dataset", "gen-1", "--to",
+                           str(out), "--push", "me/ds"], capture_output=True, text=True,
+                          timeout=600, env={**env(tmp), "HF_HUB_OFFLINE": "0",
+                                            "HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_test"})
+
+
+def test_push_of_an_export_still_as_written_pushes_it_without_exporting_again(
+        pulled: tuple[Path, Path], tmp_path: Path) -> None:
+    """An interrupted push run again resumes: the folder it uploads is not rewritten (the
+    Hub's upload state under .cache/huggingface/ stays); a shard changed since is exported
+    again."""
+    fleet, _ = pulled
+    out = tmp_path / "ds"
+    made = fleetdeck(fleet, "dataset", "gen-1", "--to", str(out), tmp=tmp_path)
+    assert made.returncode == 0, made.stderr
+    (shard,) = (out / "data").iterdir()
+    before = shard.stat()
+    upload_state = out / ".cache" / "huggingface" / "upload" / "README.md.metadata"
+    upload_state.parent.mkdir(parents=True)
+    upload_state.write_text("the Hub's own: a push's progress")
+    hub = _Recorder()
+    try:
+        again = push(fleet, out, tmp_path, hub)
+        pushed_first = [(m, p) for m, p, _ in hub.requests]
+        kept = upload_state.is_file() and shard.stat().st_ino == before.st_ino
+        shard.write_bytes(shard.read_bytes()[:-1] + b"\0")
+        changed = push(fleet, out, tmp_path, hub)
+    finally:
+        hub.close()
+    assert again.returncode == 1, again.stderr  # the stand-in refuses the upload itself
+    assert "pushed as it is, not exported again" in again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[0])["reused"] is True
+    assert ("POST", "/api/repos/create") in pushed_first, "the push went ahead"
+    # (the export's own mark, with local paths, is never uploaded)
+    assert b".fleetdeck-dataset.json" not in b" ".join(b for _, _, b in hub.requests)
+    assert kept, "the folder as it was (the shard, the upload's state) for the resume"
+    assert "changed since it was exported" in changed.stderr
+    assert "exporting again" in changed.stderr and "pushed as it is" not in changed.stderr
+    (new,) = (out / "data").iterdir()
+    assert new.read_bytes().endswith(b"PAR1"), "the changed shard replaced by a fresh export"
+    assert not upload_state.exists(), "a fresh export starts a fresh upload"
