@@ -52,7 +52,8 @@ ACTIONS: tuple[Action, ...] = (
     Action("pull", "u", "Pull", "copy the run's artifacts here over SFTP", rpc=False),
     Action("dataset", "T", "Dataset",
            "the pulled run's verified lines as a Hugging Face dataset (Parquet + card) in "
-           "PULL_DIR/datasets/NODE (`fleetdeck dataset`)", rpc=False),
+           "PULL_DIR/datasets/NODE (`fleetdeck dataset`); a campaign row: its commits in S3",
+           rpc=False),
     Action("report", "H", "Report",
            "the run's report: its whole history as plots and a summary, one HTML page and "
            "PNGs, written to the pull dir's reports/ folder (a campaign: every node)",

@@ -26,7 +26,7 @@ from console.tui.widgets.retry import RetryModal
 
 # What a campaign row answers to; anything else is one node's business.
 CAMPAIGN_ACTIONS = ("pause", "unpause", "resize", "resize_up", "resize_down", "autotune",
-                    "max_tokens", "retry", "launch", "report")
+                    "max_tokens", "retry", "launch", "report", "dataset")
 
 
 class CampaignControls:
@@ -78,6 +78,14 @@ class CampaignControls:
         runs = list(await asyncio.gather(*(one(n) for n in campaign.nodes)))
         await self.controls.write_report(campaign.name, runs, f"campaign {campaign.name}, "
                                          "through its nodes' history", campaign.name)
+
+    async def dataset(self, campaign: Campaign) -> None:
+        """The campaign through its commits, read from S3 here (its [[campaigns]] s3), as
+        `fleetdeck dataset CAMPAIGN` does: no node needs to be up."""
+        from console.dataset.verb import dataset_for_campaign
+
+        await self.controls.write_dataset(campaign.name, "its commits in S3",
+                                          dataset_for_campaign)
 
     async def pause(self, campaign: Campaign) -> None:
         await self.each(campaign, "pause", lambda n: self.controls.simple(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
 from console.artifacts.decommission import generation_campaign
+from console.fleet import Fleet
 from console.logfollow import FollowedLog
 from console.report.render import NoMatplotlib, write
 from console.report.series import RunHistory
@@ -375,17 +377,23 @@ class Controls:
     async def dataset(self, node: str) -> None:
         """`fleetdeck dataset NODE --to PULL_DIR/datasets/NODE`, from the node's pulled copy
         (no link needed: the node may be gone), in a thread; the answer as a notification."""
-        import asyncio
-
         from console.dataset.verb import dataset_for_node
 
-        self.port.report(node, "Dataset: verifying the pulled copy and writing Parquet...")
+        await self.write_dataset(node, "the pulled copy", dataset_for_node)
+
+    async def write_dataset(self, name: str, what: str,
+                            make: Callable[[Fleet, str], dict[str, Any]]) -> None:
+        """make(fleet, name) in a thread (it reads and hashes every line); the answer said."""
+        self.port.report(name, f"Dataset: verifying {what} and writing Parquet...")
         try:
-            summary = await asyncio.to_thread(dataset_for_node, self.port.fleet, node)
+            summary = await asyncio.to_thread(make, self.port.fleet, name)
         except ValueError as exc:  # not verified, refused, nothing pulled: said whole
-            self.port.report(node, f"Dataset refused: {exc}", ok=False)
+            self.port.report(name, f"Dataset refused: {exc}", ok=False)
             return
-        self.port.report(node, f"Dataset: {summary['rows']:,} rows in {summary['shards']} "
+        except Exception as exc:  # S3 away, no credentials: boto's errors are many
+            self.port.report(name, f"Dataset failed: {type(exc).__name__}: {exc}", ok=False)
+            return
+        self.port.report(name, f"Dataset: {summary['rows']:,} rows in {summary['shards']} "
                          f"shard(s), {summary['failed']} failed apart, in {summary['dir']}")
 
     async def _decommission_screen(self, node: str, pull_first: bool) -> None:
