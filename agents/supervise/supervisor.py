@@ -227,7 +227,7 @@ class Supervisor:
             self.engine.set_server_state(server.number,
                                          server.state in ("healthy", "degraded"))
 
-    async def _provenance(self, url: str, script: Path) -> None:
+    async def _provenance(self, url: str, script: Path | None) -> None:
         try:
             await capture_live(self.spec, self.run_dir, url, script)
         except Exception as exc:  # never the supervisor's end: said, and the run goes on
@@ -237,6 +237,10 @@ class Supervisor:
         self._to_engine(server.number, server.figures, server.retractions)
 
     def _url_figures(self, server: UrlServer) -> None:
+        if server.info_answered and not self._provenance_taken:
+            # A server started elsewhere says how it was set up too (no launch script here).
+            self._provenance_taken = True
+            self._spawn(self._provenance(server.url, None))
         self._to_engine(server.number, server.figures, server.retractions)
 
     def _to_engine(self, number: int, f: ServerFigures, retractions: Retractions) -> None:

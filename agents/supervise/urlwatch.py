@@ -31,6 +31,7 @@ class UrlServer:
     figures: ServerFigures = field(default_factory=ServerFigures)
     metrics_at: float | None = None
     last_error: str | None = None  # the figures' own (the engine keeps its errors)
+    info_answered: bool = False  # its /server_info has answered once (provenance may ask)
     info_paths: list[str] = field(default_factory=lambda: ["/server_info", "/get_server_info"])
 
 
@@ -72,6 +73,7 @@ class UrlWatch:
             server.last_error = unanswered(server.url, exc)
             return
         server.last_error = error
+        server.info_answered = server.info_answered or info is not None
         server.figures = server_figures(info, metrics, None)
         server.metrics_at = time.time()
         server.retractions.add(server.metrics_at, server.figures)
