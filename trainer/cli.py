@@ -79,6 +79,7 @@ def _dump(obj: object) -> None:
 def _prepare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from agents.rundir.spec import DEFAULT_MAX_LENGTH
     from trainer.paths import load_train_spec, resolve
     from trainer.prepare import PrepareSettings, prepare
 
@@ -91,7 +92,7 @@ def _prepare(args: argparse.Namespace) -> int:
         endpoint_url=args.endpoint_url or cfg.endpoint_url,
         supervise=args.supervise or cfg.supervise,
         keep_truncated=cfg.keep_truncated if args.keep_truncated is None else True,
-        max_length=cfg.max_length, block_size=cfg.block_size,
+        max_length=cfg.max_length or DEFAULT_MAX_LENGTH, block_size=cfg.block_size,
         max_under_min_share=(cfg.max_under_min_share if args.max_under_min_share is None
                              else args.max_under_min_share),
         heldout_share=cfg.heldout_share, workers=max(1, args.workers))
