@@ -60,6 +60,7 @@ from trainer.target import (
     layer_ids,
     lm_head,
     load_target,
+    target_config,
 )
 
 log = logging.getLogger("fleetdeck.train")
@@ -162,15 +163,18 @@ class Trainer:
         self.train_set = ShardSet(self.paths.prepared, "train")
         self.heldout = ShardSet(self.paths.prepared, "heldout")
         self._agree_on_data()
-        self.target = load_target(self.paths.target, self.dtype, self.device)
+        config = target_config(self.paths.target)
+        ids = layer_ids(config, cfg.target_layer_ids, cfg.target_features)
+        # Lean: no layer past the deepest feature layer is loaded or run.
+        self.target = load_target(self.paths.target, self.dtype, self.device,
+                                  keep_layers=max(ids) + 1)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.paths.tokenizer)
         rows = int(self.target.get_input_embeddings().weight.shape[0])
         self.settings = DFlashSettings(
-            cfg.block_size, choose_mask_token(cfg.mask_token_id, tok, rows),
-            layer_ids(self.target, cfg.target_layer_ids, cfg.target_features))
-        self.drafter_cfg = drafter_config(self.target.config, cfg.drafter_layers, self.settings)
+            cfg.block_size, choose_mask_token(cfg.mask_token_id, tok, rows), ids)
+        self.drafter_cfg = drafter_config(config, cfg.drafter_layers, self.settings)
         self.anchor_rule = anchor_rule(cfg)
         self.attention = attention_for(self.device)
         torch.manual_seed(cfg.seed)
@@ -328,7 +332,8 @@ class Trainer:
                                  self.anchor_rule)
         with autocast(self.device, self.dtype):
             return block_loss(model, self.embed, self.head, feats, batch, anchors,
-                              self.settings.mask_token_id, self.weights, self.attention)
+                              self.settings.mask_token_id, self.weights, self.attention,
+                              self.cfg.loss_chunk)
 
     def train_step(self) -> BlockStats:
         self.model.train()
