@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep answers cut by max_tokens (finish_reason length)")
     p.add_argument("--max-under-min-share", type=float,
                    help="gate: most samples allowed under 2 x block size supervised tokens")
+    p.add_argument("--max-length", type=int,
+                   help="tokens per sample; set, the gate lets its cut through (default "
+                   "[train] max_length, else 3072 and at most max_cut_share cut)")
     p.add_argument("--workers", type=int, default=1,
                    help="processes that render and tokenise (default 1)")
 
@@ -86,13 +89,17 @@ def _prepare(args: argparse.Namespace) -> int:
     spec, cfg = load_train_spec(args.spec)
     paths = resolve(spec, cfg)
     data = args.data or paths.data
+    max_length = cfg.max_length if args.max_length is None else args.max_length
+    if max_length is not None and max_length < 1:
+        raise SpecError(f"--max-length: must be at least 1, got {max_length}")
     settings = PrepareSettings(
         data=data, tokenizer=paths.tokenizer,
         out=Path(args.out) if args.out else paths.prepared,
         endpoint_url=args.endpoint_url or cfg.endpoint_url,
         supervise=args.supervise or cfg.supervise,
         keep_truncated=cfg.keep_truncated if args.keep_truncated is None else True,
-        max_length=cfg.max_length or DEFAULT_MAX_LENGTH, block_size=cfg.block_size,
+        max_length=max_length or DEFAULT_MAX_LENGTH, max_length_explicit=max_length is not None,
+        max_cut_share=cfg.max_cut_share, block_size=cfg.block_size,
         max_under_min_share=(cfg.max_under_min_share if args.max_under_min_share is None
                              else args.max_under_min_share),
         heldout_share=cfg.heldout_share, workers=max(1, args.workers))
