@@ -71,7 +71,8 @@ class TrainInputError(ValueError):
 
 
 class GateRefused(RuntimeError):
-    """The prepared data set failed the quality gate (exit 1)."""
+    """The prepared data set failed the quality gate, or the run does not fit the GPUs'
+    memory (exit 1)."""
 
 
 RESUME_HINT = "the job stops; `resume` on every node goes on from rank 0's last checkpoint"
@@ -95,6 +96,8 @@ class TrainOptions:
     # Steps to run in this invocation before checkpointing and stopping (then --resume).
     steps: int | None = None
     max_steps: int | None = None
+    # Train even where the memory plan says the run does not fit.
+    allow_unfit: bool = False
 
 
 def warmup_cosine(total: int, warmup_ratio: float) -> Callable[[int], float]:
@@ -160,6 +163,7 @@ class Trainer:
         self.device = d.device
         self.dtype = resolve_dtype(cfg.dtype, d.device)
         self._check_prepared()
+        self._check_memory()
         self.train_set = ShardSet(self.paths.prepared, "train")
         self.heldout = ShardSet(self.paths.prepared, "heldout")
         self._agree_on_data()
@@ -230,6 +234,26 @@ class Trainer:
             raise TrainInputError(
                 f"{path}: prepared for block_size {report.block_size}, but [train] "
                 f"block_size is {self.cfg.block_size}; run prepare again")
+
+    def _check_memory(self) -> None:
+        """Refuse, with the plan's table, a run whose peak per rank exceeds the GPU's memory
+        (trainer/memplan.py); nothing to judge on the CPU unless [train] gpu_mem_gib."""
+        from trainer.memplan import MemoryPlanError, plan_run
+
+        try:
+            fit = plan_run(self.spec, self.cfg, self.d.world, bf16=self.dtype == torch.bfloat16)
+        except MemoryPlanError as exc:  # a hub id: no config.json to read before loading
+            log.warning("no memory plan: %s", exc)
+            return
+        if fit.fits is False:
+            if self.opts.allow_unfit or self.cfg.allow_unfit:
+                log.warning("the memory plan says this run does not fit; training anyway "
+                            "(allow_unfit):\n%s", fit.table())
+                return
+            raise GateRefused(f"the run does not fit the GPU's memory (override: "
+                              f"[train] allow_unfit or --allow-unfit):\n{fit.table()}")
+        if self.d.main:
+            log.info("%s", fit.table())
 
     def _agree_on_data(self) -> None:
         """Every node prepared its own shards from the same data: they must be the same size,
