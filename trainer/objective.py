@@ -57,9 +57,10 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, target: torch.Tensor, w: torch.Tensor,
-                chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                chunk: int, want_grad: bool,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
-        want_grad = ctx.needs_input_grad[0]
+        # Not ctx.needs_input_grad: it is True under no_grad too (evaluation needs none).
         grad = torch.empty_like(hidden) if want_grad else None
         ce = torch.empty(n, dtype=torch.float32, device=hidden.device)
         hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
@@ -76,7 +77,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 g = logits.sub_(lse[:, None]).exp_()
                 g[torch.arange(len(t), device=g.device), t] -= 1.0
                 g.mul_(w[a: a + chunk, None])
-                grad[a: a + chunk] = F.linear(g.to(raw.dtype), weight.t().to(raw.dtype))
+                grad[a: a + chunk] = torch.matmul(g.to(raw.dtype), weight.to(raw.dtype))
             del raw, logits
         ctx.save_for_backward(grad)
         ctx.mark_non_differentiable(ce, hit)
@@ -84,10 +85,10 @@ class _ChunkedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_total: torch.Tensor, *unused: Any
-                 ) -> tuple[torch.Tensor | None, None, None, None, None, None]:
+                 ) -> tuple[torch.Tensor | None, None, None, None, None, None, None]:
         (grad,) = ctx.saved_tensors
         return (grad * grad_total.to(grad.dtype) if grad is not None else None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def head_cross_entropy(hidden: torch.Tensor, head: nn.Module, target: torch.Tensor,
@@ -105,7 +106,8 @@ def head_cross_entropy(hidden: torch.Tensor, head: nn.Module, target: torch.Tens
     bias: torch.Tensor | None = getattr(head, "bias", None)
     total, ce, hit = _ChunkedHeadLoss.apply(hidden, weight.detach(),
                                             None if bias is None else bias.detach(),
-                                            target, w, chunk)
+                                            target, w, chunk,
+                                            torch.is_grad_enabled() and hidden.requires_grad)
     return total, ce, hit
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from tests.trainer import golden
 from trainer.blocks import (
@@ -72,7 +73,7 @@ def test_chunked_loss_equals_the_one_piece_loss_value_gradient_and_stats(chunk: 
     n = int(ref_ce.numel())
     assert n > 2 * 7, "the case must span several chunks"
     assert abs(float(loss.detach()) - float(ref_loss.detach())) <= 1e-5
-    assert stats.loss is not None and abs(stats.loss - float(ref_loss)) <= 1e-5
+    assert stats.loss is not None and abs(stats.loss - float(ref_loss.detach())) <= 1e-5
     # The stats count the same correct positions as the one-piece argmax.
     assert int(stats.correct.sum()) == int(ref_hit.sum())
     ref, got = _grads(ref_model), _grads(model)
@@ -109,3 +110,24 @@ def test_a_chunk_under_one_position_is_refused() -> None:
     with pytest.raises(ValueError, match="loss chunk: 0"):
         head_cross_entropy(torch.zeros(2, 4), torch.nn.Linear(4, 8), torch.zeros(2).long(),
                            torch.ones(2), chunk=0)
+
+
+def test_without_gradients_the_same_loss_and_stats_and_no_graph() -> None:
+    """Held-out evaluation runs under no_grad (where a custom Function's needs_input_grad is
+    still True: the chunks must not compute a gradient nobody will use)."""
+    torch.manual_seed(1)
+    hidden = torch.randn(24, 16, requires_grad=True)
+    head = torch.nn.Linear(16, 512, bias=False).requires_grad_(False)
+    target = torch.randint(0, 512, (24,))
+    w = torch.rand(24)
+    with torch.no_grad(), FlopCounterMode(display=False) as without:
+        loss, ce, hit = head_cross_entropy(hidden, head, target, w, chunk=5)
+    assert not loss.requires_grad
+    with FlopCounterMode(display=False) as with_grad:
+        total, ce2, hit2 = head_cross_entropy(hidden, head, target, w, chunk=5)
+    assert torch.equal(loss, total.detach()) and torch.equal(ce, ce2)
+    assert torch.equal(hit, hit2)
+    # The head's forward alone without a graph; with one, its gradient's matmul too.
+    head_flops = 2 * 24 * 16 * 512
+    assert without.get_total_flops() == head_flops
+    assert with_grad.get_total_flops() == 2 * head_flops
