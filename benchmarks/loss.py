@@ -4,9 +4,9 @@ The loss step is the LM head over every labelled block position, cross-entropy i
 its backward to the drafter's last hidden states. The baseline, measured in the same run, is
 the loss as it was before chunking (the head over all positions at once, then `.float()`:
 [positions, vocab] fp32 logits, their log-softmax and gradient all alive at the peak). Ours is
-`trainer.objective.head_cross_entropy` (a chunk of positions at a time, each chunk's logits
-recomputed in the backward). Peak memory is torch's own count of live tensor bytes
-(torch.profiler, profile_memory), CPU, fp32.
+`trainer.objective.head_cross_entropy` (a chunk of positions at a time, each chunk's gradient
+computed while its logits exist, only that kept for the backward). Peak memory is torch's
+own count of live tensor bytes (torch.profiler, profile_memory), CPU, fp32.
 
     .venv/bin/python benchmarks/loss.py [--vocab 151936] [--batch 2] [--anchors 32]
                                         [--hidden 512] [--chunk 128]

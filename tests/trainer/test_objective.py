@@ -1,6 +1,7 @@
 """The loss without full-vocabulary logits: the LM head a chunk of positions at a time, each
-chunk's logits recomputed in the backward. Same value, gradient and stats as the one-piece
-loss (the head over every labelled position, then fp32 cross-entropy) on the golden case."""
+chunk's gradient computed while its logits exist. Same value, gradient and stats as the
+one-piece loss (the head over every labelled position, then fp32 cross-entropy) on the
+golden case."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_chunked_loss_equals_the_one_piece_loss_value_gradient_and_stats(chunk: 
     assert any(float(g.abs().max()) > 1e-4 for g in got.values()), "gradients must flow"
 
 
-def test_backward_recomputes_each_chunk_instead_of_keeping_its_logits() -> None:
+def test_no_chunks_logits_are_kept_for_the_backward() -> None:
     """What autograd saves for the backward: with chunks, never a [rows, vocab] tensor."""
     torch.manual_seed(0)
     rows, width, vocab = 64, 16, 4096
