@@ -112,7 +112,8 @@ def _prepare(args: argparse.Namespace) -> int:
         endpoint_url=args.endpoint_url or cfg.endpoint_url,
         supervise=args.supervise or cfg.supervise,
         keep_truncated=cfg.keep_truncated if args.keep_truncated is None else True,
-        max_length=max_length or DEFAULT_MAX_LENGTH, max_length_explicit=max_length is not None,
+        max_length=DEFAULT_MAX_LENGTH if max_length is None else max_length,
+        max_length_explicit=max_length is not None,
         max_cut_share=cfg.max_cut_share, block_size=cfg.block_size,
         max_under_min_share=(cfg.max_under_min_share if args.max_under_min_share is None
                              else args.max_under_min_share),

@@ -271,7 +271,8 @@ def plan_run(spec: Any, cfg: Any, gpus: int | None = None, gpu_mem_gib: float | 
     elif max(ids) > shape.layers - 2:
         raise MemoryPlanError(f"[train] target_layer_ids: {max(ids)} not in 0..{shape.layers - 2}"
                               f" (the target has {shape.layers} layers)")
-    seq, seq_from = cfg.max_length or DEFAULT_MAX_LENGTH, "max_length"
+    seq = DEFAULT_MAX_LENGTH if cfg.max_length is None else cfg.max_length
+    seq_from = "max_length"
     report_path = paths.prepared / REPORT_NAME
     if report_path.exists():
         try:

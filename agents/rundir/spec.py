@@ -556,7 +556,7 @@ def _check_pages(alerts: AlertsSection, fail: Callable[[str, str], None]) -> Non
 
 def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
     at_least_one = {
-        "max_length": train.max_length or DEFAULT_MAX_LENGTH,
+        "max_length": DEFAULT_MAX_LENGTH if train.max_length is None else train.max_length,
         "loss_chunk": train.loss_chunk,
         "drafter_layers": train.drafter_layers,
         "target_features": train.target_features,
