@@ -10,19 +10,22 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,train]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev,train,report]'
 	touch $(STAMP)
 
 # Real parts of the test suite from Debian, each installed when missing (needs root), with one
 # apt-get update for all: OpenSSH's sshd, FUSE 3 (libfuse3-3 and fusermount3) for the
 # forgetting filesystem of the power-loss tests (tests/powerloss/), rsync, a baseline of
 # benchmarks/pull.py (run at a smoke size by tests/benchmarks/), and tmux, the real terminal
-# the TUI lends to a shell on a node in tests/console/test_shell.py.
+# the TUI lends to a shell on a node in tests/console/test_shell.py, and Chromium with its
+# driver, the headless browser that loads a `fleetdeck report` page (tests/report/).
 system-deps:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server openssh-client"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	{ command -v chromium && command -v chromedriver; } >/dev/null || \
+		missing="$$missing chromium chromium-driver"; \
 	{ [ -x /usr/bin/fusermount3 ] && /sbin/ldconfig -p | grep -q 'libfuse3\.so\.3 '; } || \
 		missing="$$missing fuse3 libfuse3-3"; \
 	if [ -n "$$missing" ]; then \

@@ -2,17 +2,18 @@
 
 `fleetdeck pull` (pull_node over an AgentLink with PULL_CIPHERS, sha256 of every file checked
 against the manifest, fsync) beside OpenSSH `scp -r` (its default cipher, then AES-GCM) and
-`rsync -a` over ssh, measured in the same run. Pull's data path is printed: OpenSSH's sftp
-client in parallel batches when installed ("openssh"), else asyncssh's SFTP ("asyncssh");
-`--engine` forces one. The node's manifest
-cache is warmed once beforehand (not timed), so pull is measured as transfer + client-side
-checksum, as on a node whose agent has hashed its files already. Each transfer runs `--runs`
-times into a fresh destination, in rounds that interleave the tools; the best of each counts.
-Prints MB/s (10^6 bytes) and the ratios pull/scp, pull/rsync and pull/rsync-fsync (rsync -a
---fsync: durable when it returns, as pull is). Target: pull >= 1.0x rsync -a.
+`rsync -a` over ssh, measured in the same run. Pull's data path is printed: the agent's
+framed stream over OpenSSH's ssh, a few at once ("stream", the default), OpenSSH's sftp
+client in parallel batches ("openssh"), or asyncssh's SFTP ("asyncssh"); `--engine` forces
+one. The node's manifest cache is warmed once beforehand (not timed), so pull is measured as
+transfer + client-side checksum, as on a node whose agent has hashed its files already. Each
+transfer runs `--runs` times into a fresh destination, in rounds that interleave the tools;
+the best of each counts. Prints MB/s (10^6 bytes) and the ratios pull/scp, pull/rsync and
+pull/rsync-fsync (rsync -a --fsync: durable when it returns, as pull is).
+Target: pull >= 1.0x rsync -a.
 
     .venv/bin/python benchmarks/pull.py [--big 10] [--big-mb 100] [--small 1000] [--runs 2]
-                                        [--engine auto|openssh|asyncssh]
+                                        [--engine auto|stream|openssh|asyncssh]
 """
 
 from __future__ import annotations
@@ -125,8 +126,8 @@ async def pull_once(node: Node, dest: Path, engine: str | None
         raise SystemExit(f"pull failed: {dict(list(report.failed.items())[:5])}")
     for note in report.notes:
         print(f"  pull: {note}")
-    if report.data_path == "openssh":
-        # The sftp processes' own connections: the cipher OpenSSH picks from opensftp.CIPHERS.
+    if report.data_path in ("openssh", "stream"):
+        # OpenSSH's own connections: the cipher it picks from opensftp.CIPHERS.
         cipher = sftp_cipher(node)
     return wall, t_conn, report.data_path, cipher
 
@@ -190,8 +191,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2, help="runs of each transfer (best counts)")
     ap.add_argument("--no-gcm-scp", action="store_true", help="skip scp -c " + GCM)
     ap.add_argument("--no-rsync-fsync", action="store_true", help="skip rsync -a --fsync")
-    ap.add_argument("--engine", choices=["auto", "openssh", "asyncssh"], default="auto",
-                    help="pull's data path (default: OpenSSH's sftp when installed)")
+    ap.add_argument("--engine", choices=["auto", "stream", "openssh", "asyncssh"],
+                    default="auto", help="pull's data path (default: the agent's stream over "
+                    "OpenSSH's ssh when installed)")
     args = ap.parse_args()
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is missing: apt-get update && apt-get install -y rsync")

@@ -50,6 +50,13 @@ ACTIONS: tuple[Action, ...] = (
     Action("failures", "F", "Failures", "what is failing: failures and requeues by error class "
            "(counts, first and last time, servers, example lines)"),
     Action("pull", "u", "Pull", "copy the run's artifacts here over SFTP", rpc=False),
+    Action("dataset", "T", "Dataset",
+           "the pulled run's verified lines as a Hugging Face dataset (Parquet + card) in "
+           "PULL_DIR/datasets/NODE (`fleetdeck dataset`)", rpc=False),
+    Action("report", "H", "Report",
+           "the run's report: its whole history as plots and a summary, one HTML page and "
+           "PNGs, written to the pull dir's reports/ folder (a campaign: every node)",
+           rpc=False),
     Action("decommission", "k", "Decommission", "checklist: safe to give the node back?",
            rpc=False),
     Action("shell", "exclamation_mark", "Shell",

@@ -1,5 +1,5 @@
-"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check, resume-from-s3 and
-failures.
+"""Console verbs beyond the RPC table: bootstrap, pull, decommission-check, resume-from-s3,
+failures, report and s3-inventory.
 Registered on the headless parser."""
 
 from __future__ import annotations
@@ -39,3 +39,19 @@ def add(sub: Any) -> None:
     from console import failures
 
     failures.add(sub)
+
+    from console.dataset import verb as dataset
+
+    dataset.add(sub)
+
+    from console.report import verb as report
+
+    report.add(sub)
+
+    from console import s3inventory
+
+    s3inventory.add(sub)
+
+    from console import replay
+
+    replay.add(sub)

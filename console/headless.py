@@ -248,6 +248,13 @@ async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
     except (Unreachable, OSError) as exc:
         say(str(exc))
         return EXIT_UNREACHABLE
+    if method == "logs":
+        from console.logverb import print_log
+
+        try:
+            return await print_log(link, node.name, args)
+        finally:
+            await link.close()
     try:
         result = await link.call(method, params, timeout=args.timeout)
     except RpcError as exc:
@@ -260,10 +267,7 @@ async def cmd_verb(fleet: Fleet, args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     finally:
         await link.close()
-    if method == "logs":
-        for line in result["lines"]:
-            print(shown(line, keep_tabs=True))  # a log line's escapes shown, not obeyed
-    elif method == "verify":
+    if method == "verify":
         print(json.dumps(result))
         return EXIT_OK if result.get("ok") else EXIT_CHECK
     else:
@@ -321,9 +325,14 @@ def add_verbs(sub: Any) -> None:
                    "loop (more tokens buy a loop nothing)")
     p = verb("restart-server", "restart_server", "restart one server")
     p.add_argument("server", type=int)
-    p = verb("logs", "logs", "tail a log (generate, supervisor, sglang_gpuN)")
+    p = verb("logs", "logs", "tail a log (generate, supervisor, sglang_gpuN); --follow "
+             "prints what it gains until Ctrl-C")
     p.add_argument("name", nargs="?", default="generate")
-    p.add_argument("-n", type=int, default=50)
+    p.add_argument("-n", type=int, default=50, help="lines of the tail (at most 5000)")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="then print new lines as they come (one call a second over the same "
+                   "connection), until Ctrl-C")
+    p.add_argument("--interval", type=float, default=1.0, help="--follow: seconds between calls")
     p = verb("samples", "samples", "the latest completions")
     p.add_argument("-n", type=int, default=5)
     p = verb("verify", "verify", "check S3 and the counts on the node; a CAMPAIGN: the proof "

@@ -107,6 +107,10 @@ def _union(client: Any, bucket: str, prefix: str, where: str) -> Union:
     return u
 
 
+def _failed(u: Union) -> list[int]:
+    return sorted(i for i, (_g, state, _key) in u.final().items() if state == "failed")
+
+
 def _uncommitted(u: Union) -> int:
     return sum(n - len(u.commits.get(g, {})) for g, n in u.chunks.items())
 
@@ -127,6 +131,7 @@ class CampaignSource:
     unnamed: int  # batch objects no commit names: never read
     uncommitted: int  # chunks of any generation not committed yet
     copied: int = 0  # objects copied from S3 this time
+    failed: list[int] = field(default_factory=list)  # indices their final commit marks failed
 
     @property
     def what(self) -> str:
@@ -259,7 +264,7 @@ def from_folder(folder: Path) -> CampaignSource:
         batches.append(Batch(local, part, str(local)))
     listed = store.list_objects_v2(Bucket="", Prefix=f"{BATCHES}/")["Contents"]
     return CampaignSource(where, u.pin, batches, _unnamed((o["Key"] for o in listed), parts),
-                          _uncommitted(u))
+                          _uncommitted(u), failed=_failed(u))
 
 
 def from_s3(client: Any, bucket: str, prefix: str, cache: Path) -> CampaignSource:
@@ -306,7 +311,7 @@ def from_s3(client: Any, bucket: str, prefix: str, cache: Path) -> CampaignSourc
     finally:
         atomic_write(stamps, msgspec.json.encode(known))
     return CampaignSource(where, u.pin, batches, _unnamed(iter(listed), parts), _uncommitted(u),
-                          copied)
+                          copied, _failed(u))
 
 
 def _etag(answer: dict[str, Any]) -> str:

@@ -4,11 +4,14 @@ A checkpoint holds the drafter's weights (`model.safetensors`, float32 so that a
 exact, without the target's embeddings and head, which stay the target's), its
 `config.json` and `dflash.py` as trainer/contract.py describes them (loadable by SGLang,
 z-lab and SpecForge; `fleetdeck-train export` makes the bfloat16 serving copy),
-`training_state.pt` (step, optimizer, schedule, random state), `metrics.json`, and after
-`evaluate` its `evaluation.json`. A folder appears whole or not at all, and survives a power
-loss once saved: it is sealed (trainer/sealed.py: every file fsynced, a sha256 manifest, the
-rename and its folder fsynced); a resume takes the newest one that is still whole, saying
-which it skipped and why, and older ones are pruned only after a new one is sealed.
+`distcp/` (torch.distributed.checkpoint: the weights and AdamW's state by parameter name, so
+that a resume loads them into any number of processes, replicated or sharded),
+`training_state.pt` (step, samples consumed, global batch, schedule, random state),
+`metrics.json`, and after `evaluate` its `evaluation.json`. A folder appears whole or not
+at all, and survives a power loss once saved: it is sealed (trainer/sealed.py: every file
+fsynced, a sha256 manifest, the rename and its folder fsynced); a resume takes the newest
+one that is still whole, saying which it skipped and why, and older ones are pruned only
+after a new one is sealed.
 `best.json` names the checkpoint with the highest held-out accept length.
 """
 
@@ -20,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,8 @@ from trainer.drafter import DFlashDraftModel
 
 NAME = re.compile(r"^epoch_(\d+)_step_(\d+)$")
 STATE = "training_state.pt"
+# torch.distributed.checkpoint's folder: {"model": weights, "optim": AdamW's state}.
+RESUME = "distcp"
 BEST = "best.json"
 EVALUATION = "evaluation.json"
 
@@ -121,11 +127,13 @@ def read_best(folder: Path) -> Best | None:
         return None
 
 
-def write_drafter(folder: Path, drafter: DFlashDraftModel, dtype: torch.dtype) -> None:
-    """Weights in `dtype`, config.json saying so, and the modeling file."""
+def write_drafter(folder: Path, drafter: DFlashDraftModel, dtype: torch.dtype,
+                  state: dict[str, torch.Tensor] | None = None) -> None:
+    """Weights in `dtype` (the drafter's, or `state`: its full state dict when the drafter
+    is sharded), config.json saying so, and the modeling file."""
     name = str(dtype).removeprefix("torch.")
     weights = {k: v.detach().to(dtype).contiguous().cpu()
-               for k, v in drafter.state_dict().items()}
+               for k, v in (drafter.state_dict() if state is None else state).items()}
     save_file(weights, str(folder / WEIGHTS), metadata={"format": "pt"})
     config = contract.config_dict(drafter.config, name)
     (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
@@ -133,14 +141,25 @@ def write_drafter(folder: Path, drafter: DFlashDraftModel, dtype: torch.dtype) -
 
 
 def save(folder: Path, epoch: int, step: int, drafter: DFlashDraftModel,
-         state: dict[str, Any], metrics: Metrics) -> Path:
-    """Write the checkpoint and seal it; when this returns it survives a power loss."""
+         state: dict[str, Any], metrics: Metrics,
+         full: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None) -> Path:
+    """Write the checkpoint and seal it; when this returns it survives a power loss. `full`:
+    the drafter's full weights and optimizer state (trainer/sharding.py: full_state), which
+    go to model.safetensors (the loaders') and distcp/ (the resume's); without it, the
+    drafter's own weights and no optimizer state."""
+    import torch.distributed.checkpoint as dcp
+
     make_dirs(folder)
     final = folder / name(epoch, step)
     tmp = folder / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    write_drafter(tmp, drafter, torch.float32)
+    weights, optim = full if full is not None else (drafter.state_dict(), {})
+    write_drafter(tmp, drafter, torch.float32, weights)
+    # Written by this process alone, whole tensors: any layout reads its part back.
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process"
+        warnings.filterwarnings("ignore", message=".*single process")
+        dcp.save({"model": weights, "optim": optim}, checkpoint_id=tmp / RESUME, no_dist=True)
     torch.save(state, tmp / STATE)
     (tmp / "metrics.json").write_bytes(msgspec.json.encode(metrics))
     sealed.commit(tmp, final)
@@ -236,6 +255,33 @@ def load_weights(ckpt: Path, drafter: nn.Module, data: bytes | None = None) -> N
     if missing or unexpected:
         raise CheckpointError(f"{ckpt / WEIGHTS}: does not fit this drafter "
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+
+
+def resume_files(ckpt: Path) -> dict[str, bytes]:
+    """distcp/'s files by name (node rank 0 sends them to the other nodes)."""
+    return {p.name: p.read_bytes() for p in sorted((ckpt / RESUME).iterdir()) if p.is_file()}
+
+
+def load_resume(ckpt: Path, drafter: nn.Module, opt: torch.optim.Optimizer,
+                folder: Path | None = None) -> None:
+    """distcp/ of `ckpt` (or `folder`, a copy of it) into the drafter and AdamW, whatever
+    the number of processes and whether the drafter is sharded: every process reads its
+    part (a collective when there are several)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    source = folder if folder is not None else ckpt / RESUME
+    model_sd, optim_sd = get_state_dict(drafter, opt)  # the layout to fill, here
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*single process")
+            dcp.load(state, checkpoint_id=source)
+    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"{ckpt / RESUME}: cannot load: "
+                              f"{str(exc).strip().splitlines()[0][:300]}") from None
+    set_state_dict(drafter, opt, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
 
 
 def load_state(ckpt: Path, data: bytes | None = None) -> dict[str, Any]:

@@ -1,7 +1,10 @@
 """Which samples each rank trains on at each step, and their batches.
 
-The order is a function of (seed, epoch) and the position a function of the step, so a
-resumed run reads exactly the samples it would have read, with nothing to save but the step.
+A step takes the next `global_batch` samples of the epoch's order (a function of seed and
+epoch), split into micro-batches of `batch_size`: rank r's micro-batch m is slot
+r * grad_accum + m. The global batch, not the rank, fixes what a step reads, so a run can go
+on with another number of processes (grad_accum makes up the difference), and its position
+is counted in samples consumed: step x global_batch.
 """
 
 from __future__ import annotations
@@ -17,13 +20,29 @@ class DataError(ValueError):
     pass
 
 
+def accumulation(global_batch: int, batch_size: int, world: int) -> int:
+    """The micro-batches per process that keep `global_batch` samples a step on `world`
+    processes of `batch_size` each; DataError saying why when none does."""
+    per_pass = batch_size * world
+    if global_batch % per_pass:
+        fits = [w for w in range(1, global_batch // batch_size + 1)
+                if global_batch % (batch_size * w) == 0]
+        raise DataError(
+            f"the run's global batch is {global_batch} samples a step, which {world} "
+            f"processes of batch_size {batch_size} cannot make ({global_batch} is not a "
+            f"multiple of {per_pass}): it must stay the same for the run to mean the same; "
+            f"resume on {', '.join(map(str, fits)) or 'no'} processes, or with a batch_size "
+            f"that divides {global_batch} / {world}")
+    return global_batch // per_pass
+
+
 class StepPlan:
     def __init__(self, n: int, world: int, rank: int, batch_size: int, grad_accum: int,
                  epochs: int, seed: int, max_steps: int | None = None) -> None:
         self.n, self.world, self.rank = n, world, rank
         self.batch_size, self.grad_accum, self.seed = batch_size, grad_accum, seed
-        self.per_rank = n // world
-        self.steps_per_epoch = self.per_rank // (batch_size * grad_accum)
+        self.global_batch = batch_size * grad_accum * world
+        self.steps_per_epoch = n // self.global_batch
         if self.steps_per_epoch < 1:
             raise DataError(
                 f"{n} training samples are too few for batch_size {batch_size} x grad_accum "
@@ -37,21 +56,25 @@ class StepPlan:
     def epoch_of(self, step: int) -> int:
         return step // self.steps_per_epoch
 
+    def samples(self, step: int) -> int:
+        """Samples consumed before `step` (the data position a checkpoint records)."""
+        return step * self.global_batch
+
     def rows(self, step: int, micro: int) -> list[int]:
         epoch = self.epoch_of(step)
         if epoch != self._epoch:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
-            self._order = perm[self.rank: self.world * self.per_rank: self.world]
+            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
             self._epoch = epoch
         within = step % self.steps_per_epoch
-        start = (within * self.grad_accum + micro) * self.batch_size
+        slot = self.rank * self.grad_accum + micro
+        start = within * self.global_batch + slot * self.batch_size
         return [int(i) for i in self._order[start: start + self.batch_size]]
 
 
-def collate(rows: list[Row], pad_id: int = 0) -> Batch:
-    """Right-padded: padding sits after every real token, so causal attention and the block
-    mask (context before the anchor) never reach it."""
-    s = max(len(r.input_ids) for r in rows)
+def collate(rows: list[Row], pad_id: int = 0, bucket: int = 1) -> Batch:
+    """Right-padded (to a multiple of `bucket`): padding sits after every real token, so
+    causal attention and the block mask (context before the anchor) never reach it."""
+    s = -(-max(len(r.input_ids) for r in rows) // bucket) * bucket
     ids = torch.full((len(rows), s), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), s), dtype=torch.bool)
     attn = torch.zeros((len(rows), s), dtype=torch.long)
@@ -64,5 +87,5 @@ def collate(rows: list[Row], pad_id: int = 0) -> Batch:
     return Batch(ids, mask, attn, lengths)
 
 
-def load_batch(shards: ShardSet, rows: list[int]) -> Batch:
-    return collate([shards.row(i) for i in rows])
+def load_batch(shards: ShardSet, rows: list[int], bucket: int = 1) -> Batch:
+    return collate([shards.row(i) for i in rows], bucket=bucket)

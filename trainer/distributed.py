@@ -2,16 +2,20 @@
 
 `fleetdeck-train train` becomes torchrun itself for `[train] nproc` or `nodes` > 1
 (trainer/launch.py). With several nodes, node rank 0 leads (writes the checkpoints and the
-run's progress, hands its checkpoint to the others on a resume), and a collective waits at
-most `[train] node_timeout_s` once the run has started, so that a lost node stops the job
-instead of hanging it for gloo's 30 minutes (trainer/nodewatch.py names the node).
+run's progress, hands its checkpoint to the others on a resume). Every group starts with an
+allowance (`[train] join_timeout_s`) for loading, the first steps and their compiles, and at
+checkpoints; in between a collective waits at most `[train] node_timeout_s`, so that a lost
+or stuck rank stops the job instead of hanging it for gloo's 30 minutes
+(trainer/nodewatch.py names a lost node).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -82,8 +86,8 @@ class Dist:
 
 def init(nodes: int = 1, node_rank: int = 0, run_dir: str = "",
          startup_timeout_s: float | None = None) -> Dist:
-    """Join the process group. With several nodes the group waits `startup_timeout_s` while
-    the nodes start (prepare, load the target); `set_timeout` shortens it once they have."""
+    """Join the process group, which waits `startup_timeout_s` while the processes start
+    (prepare, load the target, the first steps); `set_timeout` shortens it once they have."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -139,6 +143,34 @@ def set_timeout(seconds: float, d: Dist) -> None:
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
     _set_pg_timeout(timedelta(seconds=seconds))
+
+
+class Allowance:
+    """The collectives' timeout: `generous_s` (the start-up allowance) for the first `steps`
+    steps and inside `generous()` (a checkpoint, a held-out pass that compiles), `steady_s`
+    otherwise."""
+
+    def __init__(self, d: Dist, generous_s: float, steady_s: float, steps: int) -> None:
+        self.d, self.generous_s, self.steady_s, self.steps = d, generous_s, steady_s, steps
+        self.steady = False
+
+    def after_step(self, done: int) -> None:
+        """`done` steps taken by this run (this invocation): past the start-up ones, steady."""
+        if not self.steady and done >= self.steps and self.d.enabled:
+            self.steady = True
+            set_timeout(self.steady_s, self.d)
+            log.info("start-up over after %d steps: collectives wait at most %g s", done,
+                     self.steady_s)
+
+    @contextlib.contextmanager
+    def generous(self) -> Iterator[None]:
+        if self.steady:
+            set_timeout(self.generous_s, self.d)
+        try:
+            yield
+        finally:
+            if self.steady:
+                set_timeout(self.steady_s, self.d)
 
 
 def from_lead(obj: T | None, d: Dist) -> T:

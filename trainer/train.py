@@ -3,9 +3,12 @@
 Each step the target runs on the batch under inference mode and gives the hidden states of
 the chosen layers (nothing goes to disk); anchors are drawn again among answer positions;
 the drafter's blocks are scored with the decayed loss. AdamW, cosine schedule with warmup,
-gradient clipping and accumulation, DDP under torchrun. The anchors of a step come from a
-generator seeded by (seed, rank, step, micro-batch) and the data order from (seed, epoch),
-so `--resume` from a checkpoint continues exactly as if the run had not stopped.
+gradient clipping and accumulation; under torchrun the drafter is replicated (DDP) or
+sharded (FSDP2, trainer/sharding.py). A step reads the next global batch of the epoch's order
+(trainer/data.py), and a sample's anchors come from a generator seeded by (seed, epoch,
+sample), so `--resume` continues exactly as if the run had not stopped, also on another
+number of processes (grad_accum keeps the global batch; checkpoints load through
+torch.distributed.checkpoint into any layout).
 
 Across nodes (`[train] nodes`) node rank 0 leads: it alone writes checkpoints and the run's
 progress, and on `--resume` decides from its checkpoints and sends the one it resumes from to
@@ -21,6 +24,7 @@ import math
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,20 +39,21 @@ from torch import nn
 from agents.ewma import EwmaRate
 from agents.rundir.spec import RunSpec, TrainSection
 from trainer import checkpoint as ckpt
-from trainer import distributed
+from trainer import distributed, sharding
 from trainer.blocks import (
     ANCHOR_RULES,
     AnchorRule,
+    Anchors,
     default_gamma,
     position_weights,
     sample_anchors,
 )
 from trainer.contract import DFlashSettings, drafter_config
-from trainer.data import StepPlan, load_batch
+from trainer.data import DataError, StepPlan, accumulation, load_batch
 from trainer.distributed import Dist, NodesError
 from trainer.drafter import DFlashDraftModel
 from trainer.nodewatch import LOST_EXIT, NodeWatch, short_error
-from trainer.objective import BlockStats, attention_for, block_loss
+from trainer.objective import Batch, BlockStats, attention_for, block_loss
 from trainer.paths import TrainPaths, resolve
 from trainer.progress import ProgressWriter
 from trainer.report import REPORT_NAME, report_decoder
@@ -88,6 +93,8 @@ class Offer:
     folder: str | None = None
     weights: bytes | None = None
     state: bytes | None = None
+    # distcp/'s files (a checkpoint from before distcp has none: `weights`, then).
+    resume: dict[str, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,17 @@ def anchor_rule(cfg: TrainSection) -> AnchorRule:
 
 def anchor_seed(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, np.uint64)[0] >> 1)
+
+
+# Compiled flex attention sees few shapes: sequences padded to a multiple of this, anchors
+# per sequence to a power of two (a recompile is not a step's cost; trainer/distributed.py's
+# allowance covers the first ones).
+SEQ_BUCKET = 256
+
+
+def bucket_anchors(n: int, most: int) -> int:
+    """The anchor slots for `n` anchors: the next power of two, or `most` (at least n)."""
+    return max(n, min(most, 1 << max(0, n - 1).bit_length()))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -163,7 +181,7 @@ class Trainer:
         self.device = d.device
         self.dtype = resolve_dtype(cfg.dtype, d.device)
         self._check_prepared()
-        self._check_memory()
+        plan_shards = self._check_memory()
         self.train_set = ShardSet(self.paths.prepared, "train")
         self.heldout = ShardSet(self.paths.prepared, "heldout")
         self._agree_on_data()
@@ -181,26 +199,37 @@ class Trainer:
         self.drafter_cfg = drafter_config(config, cfg.drafter_layers, self.settings)
         self.anchor_rule = anchor_rule(cfg)
         self.attention = attention_for(self.device)
+        self.seq_bucket = SEQ_BUCKET if self.attention == "flex" else 1
         torch.manual_seed(cfg.seed)
         self.drafter = DFlashDraftModel(self.drafter_cfg).float().to(self.device)
         self.embed, self.head = embeddings(self.target), lm_head(self.target)
         self.weights = position_weights(cfg.block_size,
                                         cfg.gamma or default_gamma(cfg.block_size))
+        offer = self._find_resume()
+        state = ckpt.load_state(Path(offer.folder), offer.state) if offer.folder else None
         self.plan = StepPlan(len(self.train_set), d.world, d.rank, cfg.batch_size,
-                             cfg.grad_accum, cfg.epochs, cfg.seed,
+                             self._accumulation(offer, state), cfg.epochs, cfg.seed,
                              opts.max_steps or cfg.max_steps)
+        try:
+            params = sum(p.numel() for p in self.drafter.parameters())
+            self.sharded = sharding.decide(cfg.shard, params, d) or (
+                plan_shards and cfg.shard == "auto")
+        except sharding.ShardError as exc:
+            raise TrainInputError(str(exc)) from None
+        if self.sharded:
+            sharding.shard(self.drafter, d, self.dtype)
+            log.info("drafter sharded over %d processes (FSDP2, [train] shard = %s)", d.world,
+                     cfg.shard)
         self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr,
                                      weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, warmup_cosine(self.plan.total_steps, cfg.warmup_ratio))
         self.step = 0
         self.last_ckpt: str | None = None
-        self._resume_or_refuse()
-        self.model: nn.Module = self.drafter
-        if d.enabled:
-            self.model = nn.parallel.DistributedDataParallel(
-                self.drafter, device_ids=[self.device.index] if self.device.type == "cuda"
-                else None)
+        if offer.folder is not None and state is not None:
+            self._resume(offer, state)
+        self.model: nn.Module = (self.drafter if self.sharded
+                                 else sharding.replicate(self.drafter, d))
         # Every node's first process keeps its node's progress.json; node 0's is the run's.
         self.following = (None if d.main
                           else f"rank {d.node_rank} of {d.nodes}, following rank 0")
@@ -208,13 +237,14 @@ class Trainer:
                                         self.plan.total_steps, cfg.epochs, d.world,
                                         node_rank=d.node_rank, nodes=d.nodes)
                          if d.node_main else None)
+        # The first steps (compiles) and checkpoints wait join_timeout_s, the others at most
+        # node_timeout_s.
+        self.allowance = distributed.Allowance(d, cfg.join_timeout_s, cfg.node_timeout_s,
+                                               cfg.startup_steps)
         self.watch: NodeWatch | None = None
-        if d.nodes > 1:
-            # Started: from now on a collective waits for a node at most node_timeout_s.
-            distributed.set_timeout(cfg.node_timeout_s, d)
-            if d.node_main and cfg.rdzv_endpoint is not None:
-                self.watch = NodeWatch(d, cfg.rdzv_endpoint, spec.run.name,
-                                       cfg.node_timeout_s, self._lost)
+        if d.nodes > 1 and d.node_main and cfg.rdzv_endpoint is not None:
+            self.watch = NodeWatch(d, cfg.rdzv_endpoint, spec.run.name, cfg.node_timeout_s,
+                                   self._lost)
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -235,25 +265,33 @@ class Trainer:
                 f"{path}: prepared for block_size {report.block_size}, but [train] "
                 f"block_size is {self.cfg.block_size}; run prepare again")
 
-    def _check_memory(self) -> None:
+    def _check_memory(self) -> bool:
         """Refuse, with the plan's table, a run whose peak per rank exceeds the GPU's memory
-        (trainer/memplan.py); nothing to judge on the CPU unless [train] gpu_mem_gib."""
+        (trainer/memplan.py); nothing to judge on the CPU unless [train] gpu_mem_gib. True
+        when the plan finds that only the sharded layout fits: `shard = "auto"` then shards
+        (and is judged sharded)."""
         from trainer.memplan import MemoryPlanError, plan_run
 
+        sharded = self.cfg.shard == "always" and self.d.enabled
+        bf16 = self.dtype == torch.bfloat16
         try:
-            fit = plan_run(self.spec, self.cfg, self.d.world, bf16=self.dtype == torch.bfloat16)
+            fit = plan_run(self.spec, self.cfg, self.d.world, sharded=sharded, bf16=bf16)
+            only_sharded = fit.needs_sharding and self.cfg.shard == "auto"
+            if only_sharded:
+                fit = plan_run(self.spec, self.cfg, self.d.world, sharded=True, bf16=bf16)
         except MemoryPlanError as exc:  # a hub id: no config.json to read before loading
             log.warning("no memory plan: %s", exc)
-            return
+            return False
         if fit.fits is False:
             if self.opts.allow_unfit or self.cfg.allow_unfit:
                 log.warning("the memory plan says this run does not fit; training anyway "
                             "(allow_unfit):\n%s", fit.table())
-                return
+                return False
             raise GateRefused(f"the run does not fit the GPU's memory (override: "
                               f"[train] allow_unfit or --allow-unfit):\n{fit.table()}")
         if self.d.main:
             log.info("%s", fit.table())
+        return only_sharded
 
     def _agree_on_data(self) -> None:
         """Every node prepared its own shards from the same data: they must be the same size,
@@ -296,12 +334,16 @@ class Trainer:
         if not ship:
             return Offer(folder=str(last), note=note)
         try:
+            if (last / ckpt.RESUME).is_dir():
+                return Offer(folder=str(last), state=(last / ckpt.STATE).read_bytes(),
+                             resume=ckpt.resume_files(last), note=note)
             return Offer(folder=str(last), weights=(last / ckpt.WEIGHTS).read_bytes(),
                          state=(last / ckpt.STATE).read_bytes(), note=note)
         except OSError as exc:
             return Offer(refusal=f"{last}: cannot read: {exc}")
 
-    def _resume_or_refuse(self) -> None:
+    def _find_resume(self) -> Offer:
+        """What this run resumes from (node rank 0 decides for every node), or refused."""
         if self.d.nodes > 1:
             offer = distributed.from_lead(self._offer(ship=True) if self.d.main else None,
                                           self.d)
@@ -311,26 +353,64 @@ class Trainer:
             raise TrainInputError(offer.refusal)
         if offer.note is not None:
             log.log(logging.WARNING if offer.folder else logging.INFO, "%s", offer.note)
-        if offer.folder is None:
-            return
-        last = Path(offer.folder)
-        state = ckpt.load_state(last, offer.state)
-        if state.get("world_size") != self.d.world:
-            raise TrainInputError(
-                f"{last}: written by {state.get('world_size')} processes, this run has "
-                f"{self.d.world}; resume with the same [train] nodes and nproc to continue "
-                "exactly")
+        return offer
+
+    def _accumulation(self, offer: Offer, state: dict[str, Any] | None) -> int:
+        """grad_accum for this run: the spec's for a new run; on a resume, what keeps the
+        checkpoint's global batch on this many processes (refused where nothing does)."""
+        cfg = self.cfg
+        if state is None:
+            return cfg.grad_accum
+        world0 = int(state.get("world_size") or 1)
+        global_batch = int(state.get("global_batch")
+                           or cfg.batch_size * cfg.grad_accum * world0)
+        try:
+            accum = accumulation(global_batch, cfg.batch_size, self.d.world)
+        except DataError as exc:
+            raise TrainInputError(f"{offer.folder}: {exc}") from None
+        if accum != cfg.grad_accum:
+            log.info("%d processes keep the global batch of %d samples (written by %d): "
+                     "grad_accum %d, not the spec's %d", self.d.world, global_batch, world0,
+                     accum, cfg.grad_accum)
+        return accum
+
+    def _resume(self, offer: Offer, state: dict[str, Any]) -> None:
+        last = Path(offer.folder or "")
         if state.get("total_steps") != self.plan.total_steps:
             raise TrainInputError(
                 f"{last}: planned {state.get('total_steps')} steps, this run plans "
                 f"{self.plan.total_steps}: the data or [train] epochs/batch changed")
-        ckpt.load_weights(last, self.drafter, offer.weights)
-        self.opt.load_state_dict(state["optimizer"])
+        if offer.resume is not None and self.d.node_rank != 0:
+            # Only node 0 has the checkpoint: load the copy it sent.
+            with tempfile.TemporaryDirectory(prefix="fleetdeck-resume-") as tmp:
+                for name, data in offer.resume.items():
+                    Path(tmp, Path(name).name).write_bytes(data)
+                ckpt.load_resume(last, self.drafter, self.opt, Path(tmp))
+        elif (last / ckpt.RESUME).is_dir() or offer.resume is not None:
+            ckpt.load_resume(last, self.drafter, self.opt)
+        else:
+            # From before distcp/: weights and an optimizer by parameter index, which only
+            # the same replicated layout reads back.
+            if state.get("world_size") != self.d.world or self.sharded:
+                raise TrainInputError(
+                    f"{last}: written before resumable checkpoints (no {ckpt.RESUME}/) by "
+                    f"{state.get('world_size')} replicated processes; resume it on as many, "
+                    "with [train] shard = \"never\"")
+            ckpt.load_weights(last, self.drafter, offer.weights)
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         ckpt.restore_rng(state["rng"])
         self.step = int(state["step"])
+        samples = int(state.get("samples", self.plan.samples(self.step)))
+        if samples != self.plan.samples(self.step):
+            raise TrainInputError(f"{last / ckpt.STATE}: {samples} samples consumed at step "
+                                  f"{self.step}, not {self.plan.samples(self.step)} (step x "
+                                  f"global batch {self.plan.global_batch})")
         self.last_ckpt = last.name
-        log.info("resumed from %s at step %d", last, self.step)
+        log.info("resumed from %s at step %d (%d samples consumed, global batch %d = "
+                 "batch_size %d x grad_accum %d x %d processes)", last, self.step, samples,
+                 self.plan.global_batch, self.plan.batch_size, self.plan.grad_accum,
+                 self.d.world)
 
     def _lost(self, reason: str, cause: str | None = None) -> None:
         """A node is lost (the watch says so while this process waits in a collective, or a
@@ -346,14 +426,31 @@ class Trainer:
 
     # -- one step ------------------------------------------------------------------------
 
+    def _anchors(self, batch: Batch, rows: list[int], salt: list[int]) -> Anchors:
+        """Each sample's anchors from a generator of its own, seeded by (seed, salt, sample):
+        the same whichever process and micro-batch it falls in."""
+        drawn = [sample_anchors(batch.loss_mask[i:i + 1].cpu(), batch.lengths[i:i + 1].cpu(),
+                                self.cfg.anchors, self.cfg.block_size,
+                                torch.Generator().manual_seed(
+                                    anchor_seed(self.cfg.seed, *salt, row)),
+                                self.anchor_rule)
+                 for i, row in enumerate(rows)]
+        n = max(a.positions.shape[1] for a in drawn)
+        if self.seq_bucket > 1:
+            n = bucket_anchors(n, self.cfg.anchors)
+        positions = torch.zeros(len(rows), n, dtype=torch.long)
+        valid = torch.zeros(len(rows), n, dtype=torch.bool)
+        for i, a in enumerate(drawn):
+            positions[i, : a.positions.shape[1]] = a.positions[0]
+            valid[i, : a.valid.shape[1]] = a.valid[0]
+        return Anchors(positions, valid)
+
     def _batch_stats(self, model: nn.Module, shards: ShardSet, rows: list[int],
-                     seed: int) -> tuple[torch.Tensor, BlockStats]:
-        batch = load_batch(shards, rows).to(self.device)
+                     salt: list[int]) -> tuple[torch.Tensor, BlockStats]:
+        batch = load_batch(shards, rows, self.seq_bucket).to(self.device)
         feats = features(self.target, batch.input_ids, batch.attention_mask,
                          self.settings.target_layer_ids)
-        anchors = sample_anchors(batch.loss_mask.cpu(), batch.lengths.cpu(), self.cfg.anchors,
-                                 self.cfg.block_size, torch.Generator().manual_seed(seed),
-                                 self.anchor_rule)
+        anchors = self._anchors(batch, rows, salt)
         with autocast(self.device, self.dtype):
             return block_loss(model, self.embed, self.head, feats, batch, anchors,
                               self.settings.mask_token_id, self.weights, self.attention,
@@ -362,15 +459,18 @@ class Trainer:
     def train_step(self) -> BlockStats:
         self.model.train()
         stats = BlockStats(self.cfg.block_size)
-        accum = self.cfg.grad_accum
+        accum = self.plan.grad_accum
+        epoch = self.plan.epoch_of(self.step)
         for micro in range(accum):
             rows = self.plan.rows(self.step, micro)
-            seed = anchor_seed(self.cfg.seed, self.d.rank, self.step, micro)
             last = micro == accum - 1
+            # Replicated, gradients are summed once, after the last micro-batch; sharded,
+            # every micro-batch reduce-scatters (only a shard of the gradient is kept).
             sync = (self.model.no_sync()  # type: ignore[operator]
-                    if self.d.enabled and not last else contextlib.nullcontext())
+                    if self.d.enabled and not self.sharded and not last
+                    else contextlib.nullcontext())
             with sync:
-                loss, s = self._batch_stats(self.model, self.train_set, rows, seed)
+                loss, s = self._batch_stats(self.model, self.train_set, rows, [0, epoch])
                 (loss / accum).backward()
             stats.add(s)
         torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.clip)
@@ -383,19 +483,23 @@ class Trainer:
 
     def heldout_stats(self) -> BlockStats | None:
         """Block-prefix accept length on the first `eval_samples` held-out samples, with
-        the same anchors every time so checkpoints compare."""
+        the same anchors every time (seeded by sample) so checkpoints compare."""
         n = min(self.cfg.eval_samples, len(self.heldout))
         if n == 0:
             return None
         self.drafter.eval()
         total = BlockStats(self.cfg.block_size)
         mine = list(range(self.d.rank, n, self.d.world))
+        size = self.cfg.batch_size
+        # Sharded, every process runs as many forwards (each gathers the weights): one short
+        # of samples repeats one and does not count it.
+        passes = -(-len(range(0, n, self.d.world)) // size)
         with torch.no_grad():
-            for i in range(0, len(mine), self.cfg.batch_size):
-                rows = mine[i: i + self.cfg.batch_size]
-                _, s = self._batch_stats(self.drafter, self.heldout, rows,
-                                         anchor_seed(self.cfg.seed, 7919, rows[0]))
-                total.add(s)
+            for i in range(passes if self.sharded else -(-len(mine) // size)):
+                rows = mine[i * size: (i + 1) * size]
+                _, s = self._batch_stats(self.drafter, self.heldout, rows or [0], [1])
+                if rows:
+                    total.add(s)
         total.values = distributed.all_sum(total.values, self.d)
         self.drafter.train()
         return total
@@ -403,7 +507,13 @@ class Trainer:
     # -- checkpoints and progress --------------------------------------------------------
 
     def checkpoint(self, window: BlockStats) -> None:
+        # The held-out pass compiles its own graphs and rank 0 writes: the start-up allowance.
+        with self.allowance.generous():
+            self._checkpoint(window)
+
+    def _checkpoint(self, window: BlockStats) -> None:
         held = self.heldout_stats()
+        full = sharding.full_state(self.drafter, self.opt, self.d, self.sharded)
         epoch = self.plan.epoch_of(self.step - 1)
         metrics = ckpt.Metrics(self.step, epoch, window.loss, window.accept_length,
                                held.accept_length if held else None,
@@ -411,10 +521,12 @@ class Trainer:
         out = self.paths.output
         if self.d.main:
             state = {"step": self.step, "epoch": epoch, "total_steps": self.plan.total_steps,
-                     "world_size": self.d.world, "optimizer": self.opt.state_dict(),
+                     "world_size": self.d.world, "global_batch": self.plan.global_batch,
+                     "batch_size": self.plan.batch_size, "grad_accum": self.plan.grad_accum,
+                     "samples": self.plan.samples(self.step), "sharded": self.sharded,
                      "scheduler": self.sched.state_dict(), "rng": ckpt.rng_state(),
                      "seed": self.cfg.seed}
-            path = ckpt.save(out, epoch, self.step, self.drafter, state, metrics)
+            path = ckpt.save(out, epoch, self.step, self.drafter, state, metrics, full)
             ckpt.update_best(out, path, metrics)
             ckpt.prune(out, self.cfg.keep_last, path)
             self.last_ckpt = path.name
@@ -427,12 +539,8 @@ class Trainer:
                     best_checkpoint=str(out / best.checkpoint) if best else None,
                     best_accept_length=best.heldout_accept_length if best else None,
                     heldout_accept_length=metrics.heldout_accept_length)
-        if self.d.nodes > 1:
-            # The others wait here while rank 0 writes (the watch still catches a lost node).
-            distributed.barrier(self.d, patience_s=self.cfg.join_timeout_s,
-                                usual_s=self.cfg.node_timeout_s)
-        else:
-            distributed.barrier(self.d)
+        # The others wait here while rank 0 writes (the watch still catches a lost node).
+        distributed.barrier(self.d)
 
     def run(self) -> str:
         cfg, plan = self.cfg, self.plan
@@ -462,6 +570,7 @@ class Trainer:
                 lr = float(self.sched.get_last_lr()[0])
                 stats = self.train_step()
                 ran += 1
+                self.allowance.after_step(ran)
                 # A decayed window: the console sees recent accuracy, not the lifetime mean.
                 window.values = window.values * 0.9 + stats.values
                 tokens.add(stats.tokens)
@@ -518,9 +627,7 @@ def _refused(spec: RunSpec, cfg: TrainSection, d: Dist, message: str) -> None:
 
 
 def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
-    several = cfg.nodes > 1
-    d = distributed.init(cfg.nodes, cfg.node_rank, str(spec.run_dir),
-                         cfg.join_timeout_s if several else None)
+    d = distributed.init(cfg.nodes, cfg.node_rank, str(spec.run_dir), cfg.join_timeout_s)
     trainer: Trainer | None = None
     try:
         trainer = Trainer(spec, cfg, opts, d)
@@ -534,6 +641,11 @@ def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
             if reason is not None:
                 trainer._lost(reason, short_error(exc))
         message = f"{type(exc).__name__}: {exc}"
+        if trainer is not None and trainer.allowance.steady and "timed out" in message.lower():
+            message = (f"{type(exc).__name__}: {short_error(exc)} (a collective waited over "
+                       f"[train] node_timeout_s = {cfg.node_timeout_s:g} s after the first "
+                       f"{cfg.startup_steps} steps: a rank stuck or gone; a slow recompile "
+                       "wants more of either)")
         if trainer is not None and trainer.progress is not None:
             trainer.progress.finish("failed", message)
         elif d.node_main:

@@ -109,7 +109,9 @@ def request_path(run_dir: Path, value: object, what: str) -> str:
 
 def open_confined(run_dir: Path, rel: str) -> int:
     """A file descriptor for RUN_DIR/rel, opened one component at a time with O_NOFOLLOW: a
-    symlink anywhere on the way (put there after the walk, say) fails the open."""
+    symlink anywhere on the way (put there after the walk, say) fails the open. Non-blocking:
+    a FIFO put there would otherwise hold the open until someone writes to it (the caller
+    checks the file is regular; a regular file's reads do not care)."""
     parts = rel.split("/")
     fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -117,7 +119,8 @@ def open_confined(run_dir: Path, rel: str) -> int:
             inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
-        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                       dir_fd=fd)
     finally:
         os.close(fd)
 

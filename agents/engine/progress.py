@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetdeck.engine")
 
 PROGRESS_INTERVAL_S = float(os.environ.get("FLEETDECK_PROGRESS_INTERVAL_S", "1.0"))
-HISTORY_INTERVAL_S = 10.0
+# Tests and demos that need a history of many samples in seconds set it lower.
+HISTORY_INTERVAL_S = float(os.environ.get("FLEETDECK_HISTORY_INTERVAL_S", "10.0"))
 
 
 class Heartbeat:

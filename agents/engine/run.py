@@ -328,7 +328,11 @@ class Engine:
         files closed, run.lock released."""
         try:
             self._sync_totals(self._totals_record())
-            self._write_progress(durable=True)
+            last = self._write_progress(durable=True)
+            if last is not None and self.status in ("done", "stopped", "failed"):
+                # The run's end is in its history too (a report, a replay), not only a
+                # sample up to 10 s before it.
+                self.heartbeat.append_history(last)
         finally:
             self.store.close()
             self.journal.close()
@@ -507,7 +511,7 @@ class Engine:
                     chat_template_kwargs=self.gen.chat_template_kwargs,
                     max_tokens=job.max_tokens, server=server.number,
                     latency_s=round(result.latency_s, 3), spec_verify_ct=result.spec_verify_ct,
-                    attempt=attempt,
+                    attempt=attempt, hedged=bool(outcome.hedge),
                 )
                 await self._write_q.put((prompt.index, attempt, encoder.encode(line) + b"\n",
                                          line, self._requeue_reason.get(prompt.index)))

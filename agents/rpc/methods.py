@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,14 @@ from agents.artifacts.manifest import MAX_LIMIT, Manifest
 from agents.artifacts.verify import VerifyError, verify_run
 from agents.queue import node as queue_node
 from agents.rpc.protocol import INVALID_PARAMS, REFUSED, VERSION_MISMATCH, Handler, RpcError
-from agents.rundir.browse import OutsideRunDir, history, log_path, recent_samples, tail
+from agents.rundir.browse import (
+    OutsideRunDir,
+    history,
+    log_path,
+    recent_samples,
+    since,
+    tail,
+)
 from agents.rundir.control import (
     ControlError,
     parse_resize_value,
@@ -26,6 +34,7 @@ from agents.rundir.control import (
 )
 from agents.rundir.control import resize as control_resize
 from agents.rundir.failsummary import FailureSummarizer
+from agents.rundir.histstore import HistoryError, read_history
 from agents.rundir.schema import Control
 from agents.supervise.export_job import ExportRefused, start_export
 
@@ -105,10 +114,19 @@ class ControlMethods:
             if not isinstance(name, str):
                 raise RpcError(INVALID_PARAMS, f"name must be a log name, got {name!r}")
             n = min(_int({"n": p.get("n", 100)}, "n"), MAX_LOG_LINES)
+            if "from" in p:  # following: what the log gained since an earlier answer
+                if "before" in p:
+                    raise RpcError(INVALID_PARAMS, "give from (read on) or before (read "
+                                   "back), not both")
+                offset = _int(p, "from")
+                inode = None if p.get("inode") is None else _int(p, "inode")
+                return await asyncio.to_thread(_read_log, self.run_dir, name,
+                                               lambda path: since(path, offset, inode, n))
             before = p.get("before")
             # Off the loop: a slow disk (or anything odd in logs/) never stalls other sessions.
-            return await asyncio.to_thread(_read_log, self.run_dir, name, n,
-                                           before if isinstance(before, int) else None)
+            return await asyncio.to_thread(
+                _read_log, self.run_dir, name,
+                lambda path: tail(path, n, before if isinstance(before, int) else None))
 
         async def samples(p: dict[str, Any]) -> Any:
             n = min(_int({"n": p.get("n", 10)}, "n"), 200)
@@ -119,7 +137,20 @@ class ControlMethods:
             if not isinstance(since, (int, float)) or isinstance(since, bool):
                 raise RpcError(INVALID_PARAMS, f"since must be a number, got {since!r}")
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
-            return await asyncio.to_thread(history, self.run_dir, float(since), limit)
+            if "span" not in p and "resolution" not in p:
+                # Samples as written, paged by `since` (what consoles before spans ask).
+                return await asyncio.to_thread(history, self.run_dir, float(since), limit)
+            resolution = p.get("resolution")
+            if resolution is not None:
+                resolution = _int(p, "resolution", 10)
+            try:
+                # Off the loop: the first call on a run may rebuild the compacted copy.
+                window = await asyncio.to_thread(
+                    read_history, self.run_dir, p.get("span", "1h"),
+                    float(since) if since else None, resolution, max(1, limit))
+            except HistoryError as exc:
+                raise RpcError(INVALID_PARAMS, str(exc)) from None
+            return window.reply()
 
         async def failures(p: dict[str, Any]) -> Any:
             try:
@@ -205,11 +236,13 @@ def _queue_call(fn: Any, *args: Any) -> Any:
         raise RpcError(REFUSED, str(exc)) from None
 
 
-def _read_log(run_dir: Path, name: str, n: int, before: int | None) -> dict[str, Any]:
-    """A log's tail by name; refused (never read) when the name is a path or the file is a
-    symlink, a FIFO or anything but a regular file."""
+def _read_log(run_dir: Path, name: str,
+              read: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """`read` on a log found by name (its tail, or what it gained); refused (never read)
+    when the name is a path or the file is a symlink, a FIFO or anything but a regular
+    file."""
     try:
-        return tail(log_path(run_dir, name), n, before)
+        return read(log_path(run_dir, name))
     except OutsideRunDir as exc:
         raise RpcError(REFUSED, str(exc)) from None
     except OSError as exc:

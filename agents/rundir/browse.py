@@ -124,29 +124,86 @@ def read_regular(path: Path, limit: int = 64 * 2**20) -> bytes:
     return data
 
 
-def tail(path: Path, lines: int = 100, before: int | None = None) -> dict[str, Any]:
-    """The last `lines` lines ending before byte offset `before` (pagination backwards).
-    Only a regular file is read (see open_regular); at most MAX_TAIL_BYTES of it."""
-    fd = open_regular(path)
-    try:
-        size = os.fstat(fd).st_size
-        end = size if before is None else max(0, min(before, size))
-        start = max(0, end - MAX_TAIL_BYTES)
-        data = os.pread(fd, end - start, start)
-    finally:
-        os.close(fd)
-    base = start
-    if start > 0:  # drop the partial first line
+def _lines(data: bytes, base: int, whole_first: bool, lines: int) -> dict[str, Any]:
+    """The last `lines` lines of `data`, the file's bytes from offset `base`. `whole_first`:
+    `data` starts at a line's start (else its first, partial line is dropped). The bytes
+    after the last newline are a line still being written: shown last, marked `unfinished`,
+    and left out of `next_from` (the offset a later `from` read starts at: always a line's
+    start), so that a follower gets that line again, whole, once it ends."""
+    found_start = whole_first
+    if not whole_first:
         cut = data.find(b"\n") + 1
-        base, data = start + cut, data[cut:]
+        if cut:
+            base, data, found_start = base + cut, data[cut:], True
+        # No newline at all: the middle of one very long line, shown as it is.
     chunks = data.split(b"\n")
-    if data.endswith(b"\n") or not data:
+    finished = data.endswith(b"\n") or not data
+    if finished:
         chunks.pop()
     chosen = chunks[-lines:] if lines > 0 else []
     first = base + sum(len(c) + 1 for c in chunks[: len(chunks) - len(chosen)])
-    return {"path": str(path), "size": size,
-            "lines": [c.decode(errors="replace") for c in chosen],
-            "next_before": first if first > 0 else None}
+    end = base + len(data)
+    unfinished = not finished and found_start
+    return {"lines": [c.decode(errors="replace") for c in chosen], "first": first,
+            "next_from": end - len(chunks[-1]) if unfinished else end,
+            "unfinished": unfinished and bool(chosen)}
+
+
+def tail(path: Path, lines: int = 100, before: int | None = None) -> dict[str, Any]:
+    """The last `lines` lines ending before byte offset `before` (pagination backwards).
+    Only a regular file is read (see open_regular); at most MAX_TAIL_BYTES of it. Without
+    `before`, the answer also says where a follower goes on from (`next_from`, `inode`)."""
+    fd = open_regular(path)
+    try:
+        st = os.fstat(fd)
+        return _tail_fd(fd, st, path, lines, before)
+    finally:
+        os.close(fd)
+
+
+def _tail_fd(fd: int, st: os.stat_result, path: Path, lines: int,
+             before: int | None) -> dict[str, Any]:
+    size = st.st_size
+    end = size if before is None else max(0, min(before, size))
+    start = max(0, end - MAX_TAIL_BYTES)
+    got = _lines(os.pread(fd, end - start, start), start, start == 0, lines)
+    first = got["first"]
+    out = {"path": str(path), "size": size, "lines": got["lines"],
+           "next_before": first if first > 0 else None}
+    if before is None:
+        out.update(inode=st.st_ino, next_from=got["next_from"], unfinished=got["unfinished"])
+    return out
+
+
+def since(path: Path, offset: int, inode: int | None, lines: int) -> dict[str, Any]:
+    """What a log gained after byte `offset` (the `next_from` of an earlier answer): at most
+    its last `lines` complete lines and MAX_TAIL_BYTES, `skipped_bytes` counting what was
+    passed over to stay in those bounds. A file that is not the one read before (another
+    `inode`: rotated), is shorter than `offset` (truncated) or has no line start at `offset`
+    (truncated and written past it) is read again from its tail, `restarted` saying why."""
+    fd = open_regular(path)
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        restarted = None
+        if inode is not None and st.st_ino != inode:
+            restarted = "rotated"
+        elif offset > size:
+            restarted = "truncated"
+        elif offset > 0 and os.pread(fd, 1, offset - 1) != b"\n":
+            restarted = "rewritten"
+        if restarted is not None:
+            out = _tail_fd(fd, st, path, lines, None)
+            out.update({"from": offset, "restarted": restarted, "skipped_bytes": 0})
+            return out
+        start = max(offset, size - MAX_TAIL_BYTES)
+        got = _lines(os.pread(fd, size - start, start), start, start == offset, lines)
+    finally:
+        os.close(fd)
+    return {"path": str(path), "size": size, "inode": st.st_ino, "from": offset,
+            "lines": got["lines"], "next_from": got["next_from"],
+            "unfinished": got["unfinished"], "skipped_bytes": got["first"] - offset,
+            "restarted": None}
 
 
 class _Sample(msgspec.Struct):

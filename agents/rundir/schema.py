@@ -45,6 +45,9 @@ class BatchLine(msgspec.Struct, omit_defaults=False):
     latency_s: float | None = None
     spec_verify_ct: int | None = None
     attempt: int = 1
+    # The answer came from a hedge (a second copy sent at the tail), not the first copy: the
+    # dataset card compares such lines' lengths with the rest's.
+    hedged: bool = False
 
 
 class LineKey(msgspec.Struct):

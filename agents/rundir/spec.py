@@ -145,7 +145,14 @@ class AlertsSection(msgspec.Struct, forbid_unknown_fields=True):
     failure_rate: float = 0.05
     truncation_rate: float = 0.10
     empty_rate: float = 0.05
+    # A server's accept length under this share of its own level over the run's first
+    # accept_baseline_hours (from the history: a restart keeps it), or of the run's average.
     accept_drop: float = 0.7
+    # The fleet's mean over the last accept_recent_minutes under this share of its mean over
+    # the run's first accept_baseline_hours: accept_drift (0: off).
+    accept_fleet_drop: float = 0.7
+    accept_recent_minutes: float = 20.0
+    accept_baseline_hours: float = 2.0
     disk_hours: float = 6.0
     min_samples: int = 20
     # A run done or stopped while its servers still hold the GPUs this long: "GPUs idle".
@@ -263,6 +270,13 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     gpu_mem_gib: float | None = None
     # Train even where the memory plan says the run does not fit (`train --allow-unfit`).
     allow_unfit: bool = False
+    # The drafter's weights, gradients and AdamW state across processes: replicated (DDP,
+    # "never"), sharded (FSDP2, "always"), or sharded where replicating would crowd a GPU
+    # ("auto", trainer/sharding.py).
+    shard: Literal["auto", "always", "never"] = "auto"
+    # Steps (of each invocation) whose collectives wait join_timeout_s, not node_timeout_s:
+    # the first compiles of flex attention and its first recompiles.
+    startup_steps: int = 3
     # Across nodes: `nodes` machines of `nproc` processes each, joined by torchrun's c10d
     # rendezvous at rdzv_endpoint ("HOST:PORT" of node rank 0, which hosts it, writes the
     # checkpoints and the run's progress). node_rank is set per node by the launch (in a
@@ -270,11 +284,11 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     nodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
-    # A node silent this long (no heartbeat, a collective waiting) is lost: the job stops and
-    # `resume` on every node continues from the last checkpoint.
+    # A node silent this long (no heartbeat, a collective waiting; after startup_steps also
+    # on one node) is lost: the job stops and `resume` continues from the last checkpoint.
     node_timeout_s: float = 30.0
-    # How long the nodes wait for each other to start (prepare, loading the target) and for
-    # node rank 0 to write a checkpoint.
+    # How long the processes wait for each other to start (prepare, loading the target, the
+    # first steps' compiles) and for rank 0 to write a checkpoint.
     join_timeout_s: float = 1800.0
     # Evaluation by real speculative decoding.
     eval_prompts: int = 64
@@ -499,7 +513,9 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
         ("[servers] hung_restart_s", sv.hung_restart_s),
         ("[alerts] window_s", spec.alerts.window_s),
         ("[alerts] stall_minutes", spec.alerts.stall_minutes),
-        ("[alerts] disk_hours", spec.alerts.disk_hours)]
+        ("[alerts] disk_hours", spec.alerts.disk_hours),
+        ("[alerts] accept_recent_minutes", spec.alerts.accept_recent_minutes),
+        ("[alerts] accept_baseline_hours", spec.alerts.accept_baseline_hours)]
     at_least_zero: list[tuple[str, float]] = [
         ("[servers] restart_backoff_s", sv.restart_backoff_s),
         ("[servers] max_restarts", sv.max_restarts),
@@ -524,6 +540,7 @@ def _check_ranges(spec: RunSpec, fail: Callable[[str, str], None]) -> None:
                        ("truncation_rate", spec.alerts.truncation_rate),
                        ("empty_rate", spec.alerts.empty_rate),
                        ("accept_drop", spec.alerts.accept_drop),
+                       ("accept_fleet_drop", spec.alerts.accept_fleet_drop),
                        ("kv_usage", spec.alerts.kv_usage)):
         if not 0.0 <= share <= 1.0:
             fail(f"[alerts] {key}", f"must be between 0 and 1, got {share}")
@@ -568,6 +585,7 @@ def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
         "eval_samples": train.eval_samples,
         "keep_last": train.keep_last,
         "nproc": train.nproc,
+        "startup_steps": train.startup_steps,
         "eval_prompts": train.eval_prompts,
         "eval_max_new_tokens": train.eval_max_new_tokens,
     }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from agents.rundir.gpugroups import label
 from agents.rundir.schema import Alert, DiskStatus, Progress, ServerStatus
 from agents.rundir.spec import AlertsSection
+from agents.supervise.acceptdrift import AcceptLevels, fleet_drift, server_drop
 
 
 @dataclass(slots=True)
@@ -134,6 +135,8 @@ class AlertBook:
         self._limits: list[tuple[float, int]] = []
         self._idle_from: float | None = None
         self._queues: dict[int, deque[_Queue]] = {}  # each server's looks over the window
+        # Accept lengths from the history store, set by the supervisor as it refreshes them.
+        self.levels: AcceptLevels | None = None
 
     def _note_limit(self, now: float, max_tokens: int) -> None:
         if not self._limits or self._limits[-1][1] != max_tokens:
@@ -291,17 +294,19 @@ class AlertBook:
             accepts = [sp.accept_length for sp in progress.servers.values()
                        if sp.accept_length is not None]
             if accepts:
-                run_avg = sum(accepts) / len(accepts)
-                self._accept_sum += run_avg
+                # Until the history has a baseline (a new run): the mean seen by this book.
+                self._accept_sum += sum(accepts) / len(accepts)
                 self._accept_n += 1
-                baseline = self._accept_sum / self._accept_n
+                run_avg = self._accept_sum / self._accept_n
                 for s in servers:
                     acc = s.accept_length_window or s.accept_length
-                    if acc is not None and s.state == "healthy" and \
-                            acc < self.cfg.accept_drop * baseline:
-                        alert(f"accept_drop:{s.number}", "warning",
-                              f"server {s.number}: accept length {acc:.2f} is well below the "
-                              f"run's average {baseline:.2f}", s.number)
+                    why = server_drop(s.number, acc, self.levels, run_avg, self.cfg) \
+                        if acc is not None and s.state == "healthy" else None
+                    if why is not None:
+                        alert(f"accept_drop:{s.number}", "warning", why, s.number)
+            drift = fleet_drift(self.levels, self.cfg)
+            if drift is not None and running:
+                alert("accept_drift", "warning", drift)
 
         if disk is not None and disk.hours_to_full is not None and \
                 disk.hours_to_full < self.cfg.disk_hours:

@@ -39,11 +39,14 @@ from agents.rpc.protocol import (
 from agents.rpc.sockpath import SocketDirError, remove_stale_sockets, socket_path
 from agents.rpc.train_launch import launched_otherwise
 from agents.rundir.control import audit
+from agents.rundir.histstore import MAX_LIMIT, read_history
 from agents.rundir.schema import ServerStatus, Snapshot, encoder
 from agents.rundir.spec import RunSpec, SpecError, load_run_spec
+from agents.supervise.acceptdrift import AcceptLevels, accept_levels
 from agents.supervise.alerts import AlertBook
 from agents.supervise.pager import Pager
 from agents.supervise.procinfo import exit_status
+from agents.supervise.provenance import capture_live
 from agents.supervise.retractions import Retractions
 from agents.supervise.router import RouterWatch
 from agents.supervise.servers import ManagedServer, ServerSet
@@ -62,6 +65,8 @@ from agents.supervise.urlwatch import UrlServer, UrlWatch
 log = logging.getLogger("fleetdeck.supervisor")
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
 PAGER_DRAIN_S = 10.0  # at exit, how long pages still queued may take to go
+# How often the history's compacted copy and the accept levels are brought up to date.
+HISTORY_REFRESH_S = float(os.environ.get("FLEETDECK_HISTORY_REFRESH_S", "30.0"))
 
 
 class Supervisor:
@@ -108,6 +113,7 @@ class Supervisor:
         self.starting = True  # until the servers are up and the job has been started
         self.control = ControlMethods(self.run_dir)
         self._background: set[asyncio.Task[Any]] = set()
+        self._provenance_taken = False  # provenance.json: captured once per supervisor
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -151,6 +157,8 @@ class Supervisor:
         log.info("supervisor %d for %s listening on %s", os.getpid(), self.run_dir, sock)
         pusher = asyncio.create_task(self._push_loop())
         paging = asyncio.create_task(self.pager.run()) if self.pager is not None else None
+        history = asyncio.create_task(self._history_loop()) \
+            if self.spec.run.kind == "generate" else None
         try:
             await self._start_servers()
             # A `down` during start-up wins; a `resume` during it may have started the job.
@@ -171,6 +179,8 @@ class Supervisor:
             pusher.cancel()
             if paging is not None:
                 paging.cancel()
+            if history is not None:
+                history.cancel()
             server.close()
             for w in list(self.subscribers):
                 w.close()
@@ -207,9 +217,21 @@ class Supervisor:
             log.warning(self.message)
 
     def _server_state(self, server: ManagedServer) -> None:
+        if server.state == "healthy" and not self._provenance_taken:
+            # The first ready server says how the lines are made (provenance.json): the node
+            # may be gone by the time anyone exports.
+            self._provenance_taken = True
+            script = self.run_dir / "launch" / f"launch_gpu{server.gpu}.sh"
+            self._spawn(self._provenance(server.url, script))
         if self.engine is not None and self.engine_task is not None:
             self.engine.set_server_state(server.number,
                                          server.state in ("healthy", "degraded"))
+
+    async def _provenance(self, url: str, script: Path) -> None:
+        try:
+            await capture_live(self.spec, self.run_dir, url, script)
+        except Exception as exc:  # never the supervisor's end: said, and the run goes on
+            log.warning("provenance not recorded: %s: %s", type(exc).__name__, exc)
 
     def _server_figures(self, server: ManagedServer) -> None:
         self._to_engine(server.number, server.figures, server.retractions)
@@ -413,6 +435,24 @@ class Supervisor:
                 await self._push()
             elif self.pager is not None or self.textfile is not None:
                 self.snapshot()  # alerts judged and paged, the textfile fed, with no console
+
+    async def _history_loop(self) -> None:
+        """The history store kept compacted, and the accept levels the alerts judge by read
+        from it (at start, so a restarted supervisor has them at once)."""
+        failed = False
+        while True:
+            try:
+                self.alerts.levels = await asyncio.to_thread(self._accept_levels)
+                failed = False
+            except OSError as exc:
+                if not failed:
+                    log.warning("cannot read %s: %s", self.run_dir / "history.jsonl", exc)
+                failed = True
+            await asyncio.sleep(HISTORY_REFRESH_S)
+
+    def _accept_levels(self) -> AcceptLevels | None:
+        window = read_history(self.run_dir, "all", resolution=60, limit=MAX_LIMIT)
+        return accept_levels(window.items, time.time(), self.spec.alerts)
 
     async def _push(self) -> None:
         # One encode of the snapshot, spliced into the notification envelope.

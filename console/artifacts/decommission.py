@@ -234,7 +234,10 @@ async def cmd_pull(fleet: Fleet, args: argparse.Namespace) -> int:
                       "skipped": len(report.skipped), "resumed": report.resumed,
                       "refetched": report.refetched, "failed": report.failed,
                       "refused": report.refused,
-                      "bytes_transferred": report.bytes_transferred}))
+                      "bytes_transferred": report.bytes_transferred,
+                      "data_path": report.data_path, "notes": report.notes}))
+    for note in report.notes:
+        say(f"{node.name}: {shown(note)}")
     for rel, why in report.failed.items():
         say(f"{node.name}: {shown(rel)}: {shown(why)}")
     return EXIT_OK if report.ok else EXIT_CHECK

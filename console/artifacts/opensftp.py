@@ -123,12 +123,23 @@ class FetchResult:
 class SftpFetcher:
     """Runs the sftp processes for one round of files; `in_flight` is what they are on now."""
 
+    data_path = "openssh"
+    hashes_inline = False  # the puller hashes the parts while sftp writes them
+
     def __init__(self, sftp: str, node: Node, run_dir: str, procs: int = PROCS) -> None:
         self.sftp = sftp
         self.node = node
         self.run_dir = run_dir
         self.procs = procs
         self.in_flight: set[Job] = set()
+
+    def usable(self) -> bool:
+        """Whether sftp can be told where RUN_DIR is (its batch lines are short)."""
+        return cd_line(self.run_dir) is not None
+
+    @staticmethod
+    def can_name(rel: str) -> bool:
+        return batch_line(rel) is not None
 
     async def fetch(self, jobs: list[Job], cwd: Path, scratch: Path,
                     on_done: Callable[[Job, str | None], None]) -> FetchResult:

@@ -31,9 +31,11 @@ from agents.rundir.schema import ManifestEntry
 from console.artifacts import opensftp
 from console.artifacts.pullset import STATE_DIR, confined, safe_rel
 from console.artifacts.sources import CHUNK, OpensshSource, PullError, Source
+from console.artifacts.streamed import StreamFetcher
 from console.sanitize import shown
 
 PARALLEL_FILES = 4
+Fetcher = opensftp.SftpFetcher | StreamFetcher
 PART_SUFFIX = ".fdpart"
 # How often the OpenSSH path looks at the parts' sizes: sftp in batch mode reports no progress;
 # each look also hashes what arrived in the parts of files of at least EARLY_MIN bytes.
@@ -151,7 +153,7 @@ class Hashed:
                     return
                 start = self.upto
                 self._read(f, end)
-                _start_writeback(f.fileno(), start, end - start)
+                start_writeback(f.fileno(), start, end - start)
         except OSError:
             return  # the part is gone or moved: the check at the end decides
 
@@ -186,7 +188,7 @@ _SYNC_FILE_RANGE = _load_sync_file_range() if sys.platform.startswith("linux") e
 SYNC_FILE_RANGE_WRITE = 2
 
 
-def _start_writeback(fd: int, offset: int, length: int) -> None:
+def start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing these pages to disk now, without waiting (Linux's
     sync_file_range): the fsync at the end then waits for little. Not a durability step."""
     if _SYNC_FILE_RANGE is not None and length > 0:
@@ -323,21 +325,24 @@ class Puller:
 
 
 class OpensshPuller(Puller):
-    """The OpenSSH path: sftp processes write the parts; here they are watched and checked.
-    Files sftp cannot be given (a newline in the name) go through `Puller`'s file-by-file copy."""
+    """The OpenSSH paths: the agent's streams over ssh, or sftp processes, write the parts; here
+    they are watched and checked. Files the fetcher cannot be given (a newline in a name, for
+    sftp) go through `Puller`'s file-by-file copy."""
 
     def __init__(self, source: OpensshSource, dest: Path,
                  on_progress: Callable[[PullProgress], None] | None = None) -> None:
         super().__init__(source, dest, on_progress)
         self.openssh = source
         self._parts: dict[str, _Part] = {}  # the files of the current round
+        self._fetcher: Fetcher = source.fetcher  # the one running now
 
     async def _pull(self, entries: list[ManifestEntry], limit: asyncio.Semaphore) -> None:
         await self._run_openssh(self.openssh, entries, limit)
 
     async def _run_openssh(self, source: OpensshSource, entries: list[ManifestEntry],
                            limit: asyncio.Semaphore) -> None:
-        if opensftp.cd_line(source.node.run_dir) is None:
+        fetcher: Fetcher = source.fetcher
+        if not fetcher.usable():
             self.report.notes.append("RUN_DIR is too long for an sftp batch line: "
                                      "pulled over asyncssh")
             self.report.data_path = "asyncssh"
@@ -346,7 +351,7 @@ class OpensshPuller(Puller):
         batched: list[ManifestEntry] = []
         apart: list[ManifestEntry] = []
         for e in entries:
-            (batched if opensftp.batch_line(e.path) is not None else apart).append(e)
+            (batched if fetcher.can_name(e.path) else apart).append(e)
         # Names sftp cannot be given (a newline in them) take the per-file path meanwhile.
         await asyncio.gather(self._batched(source, batched, limit),
                              *(self._one(e, limit) for e in apart))
@@ -379,37 +384,56 @@ class OpensshPuller(Puller):
             part = final.with_name(final.name + PART_SUFFIX)
             # A part as long as the file needs no fetch (a pull stopped before its check).
             (ready if have >= e.size else todo).append(_Part(e, rel, final, part, have))
-        poller = asyncio.create_task(self._poll(source))
+        poller = asyncio.create_task(self._poll())
         try:
-            again = await self._round(source, todo, ready, limit)
+            again = await self._round(source, source.fetcher, todo, ready, limit)
             if again:
                 self.report.refetched += [p.rel for p in again]
-                await self._round(source, again, [], limit)
+                await self._round(source, source.fetcher, again, [], limit)
         finally:
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
 
-    async def _round(self, source: OpensshSource, todo: list[_Part], ready: list[_Part],
-                     limit: asyncio.Semaphore) -> list[_Part]:
-        """One round of sftp processes over `todo`, each file checked as soon as sftp is past
-        it (and the `ready` ones meanwhile); returns the files whose sha256 differed."""
+    async def _round(self, source: OpensshSource, fetcher: Fetcher, todo: list[_Part],
+                     ready: list[_Part], limit: asyncio.Semaphore) -> list[_Part]:
+        """One round of the fetcher over `todo`, each file checked as soon as the fetcher is
+        past it (and the `ready` ones meanwhile); returns the files whose sha256 differed."""
         mismatched: list[_Part] = []
         self._parts = {p.rel: p for p in todo}
+        self._fetcher = fetcher
         async with asyncio.TaskGroup() as checks:
             for p in ready:
                 checks.create_task(self._check(p, None, limit, mismatched))
 
             def done(job: opensftp.Job, said: str | None) -> None:
-                checks.create_task(self._check(self._parts[job.rel], said, limit, mismatched))
+                p = self._parts[job.rel]
+                if isinstance(fetcher, StreamFetcher):
+                    p.early = fetcher.hashed.pop(job, None)
+                checks.create_task(self._check(p, said, limit, mismatched))
 
             jobs = [opensftp.Job(p.rel, p.entry.size, opensftp.batch_line(p.rel) or b"")
                     for p in todo]
-            result = await source.fetcher.fetch(jobs, self.dest, self.dest / STATE_DIR, done)
+            result = await fetcher.fetch(jobs, self.dest, self.dest / STATE_DIR, done)
             unreached = [self._parts[j.rel] for j in result.unreached]
-            if unreached and not result.connected:
-                # No sftp got through while the agent link did (OpenSSH's config, keys or
-                # known_hosts differ from asyncssh's): take the files over asyncssh.
-                self.report.notes.append(f"OpenSSH's sftp could not reach the node "
+            sftp = source.sftp_fetcher
+            if (unreached and not result.connected and fetcher is not sftp
+                    and sftp is not None and sftp.usable()):
+                # The node's agent could not stream (one from before send-files): sftp.
+                self.report.notes.append(f"the node's agent could not stream the files "
+                                         f"({result.said}): pulled over sftp")
+                self.report.data_path = sftp.data_path
+                for p in unreached:
+                    if not sftp.can_name(p.rel):
+                        self.progress.bytes_done -= min(p.seen, p.entry.size)
+                        self.report.resumed.pop(p.rel, None)  # _one counts it again
+                        checks.create_task(self._one(p.entry, limit))
+                mismatched += await self._round(
+                    source, sftp, [p for p in unreached if sftp.can_name(p.rel)], [], limit)
+                self._parts = {p.rel: p for p in todo}
+            elif unreached and not result.connected:
+                # No OpenSSH client got through while the agent link did (OpenSSH's config,
+                # keys or known_hosts differ from asyncssh's): take the files over asyncssh.
+                self.report.notes.append(f"OpenSSH could not reach the node "
                                          f"({result.said}): pulled over asyncssh")
                 self.report.data_path = "asyncssh"
                 for p in unreached:
@@ -427,7 +451,7 @@ class OpensshPuller(Puller):
         e = p.entry
         if p.seen < e.size:
             # Not all here: the part stays, and the next pull resumes from it.
-            self._settled(p.rel, failed=said or f"sftp stopped at {p.seen} of {e.size} bytes")
+            self._settled(p.rel, failed=said or f"the copy stopped at {p.seen} of {e.size} bytes")
             return
         try:
             async with p.hashing, limit:
@@ -463,17 +487,19 @@ class OpensshPuller(Puller):
         if self.on_progress is not None:
             self.on_progress(self.progress)
 
-    async def _poll(self, source: OpensshSource) -> None:
-        """sftp in batch mode says nothing while it copies: look at the parts' sizes, and
+    async def _poll(self) -> None:
+        """The fetchers say nothing while they copy: look at the parts' sizes, and (sftp)
         hash what arrived in big ones meanwhile."""
         while True:
             await asyncio.sleep(PROGRESS_POLL_S)
             hashing = []
-            for job in list(source.fetcher.in_flight):
+            fetcher = self._fetcher
+            for job in list(fetcher.in_flight):
                 p = self._parts.get(job.rel)
                 if p is not None:
                     self._saw(p, _size(p.part))
-                    if p.entry.size >= EARLY_MIN and not p.hashing.locked():
+                    if (not fetcher.hashes_inline and p.entry.size >= EARLY_MIN
+                            and not p.hashing.locked()):
                         hashing.append(self._hash_more(p))
             if self.on_progress is not None:
                 self.on_progress(self.progress)

@@ -1,8 +1,9 @@
-"""Where pull reads a run's bytes from, one class per data path: OpenSSH's `sftp` client in
-batch mode (C, AES-GCM, several processes; console/artifacts/opensftp.py), SFTP on the agent
-link's asyncssh connection (pipelined reads in Python, about half scp's speed), or the file
-system for a node on this machine. FLEETDECK_PULL_DATA_PATH=openssh|asyncssh picks one (tests,
-benchmarks, a broken sftp); by default OpenSSH's sftp when it is installed."""
+"""Where pull reads a run's bytes from, one class per data path: the node's agent streaming the
+files through OpenSSH's `ssh` (C, AES-GCM, a few streams; console/artifacts/streamed.py),
+OpenSSH's `sftp` client in batch mode (console/artifacts/opensftp.py), SFTP on the agent link's
+asyncssh connection (pipelined reads in Python, about half scp's speed), or the file system for
+a node on this machine. FLEETDECK_PULL_DATA_PATH=stream|openssh|asyncssh picks one (tests,
+benchmarks, a broken client); by default the stream when `ssh` is installed, else sftp."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from typing import Protocol
 
 import asyncssh
 
-from console.artifacts import opensftp
+from console.artifacts import opensftp, streamed
 from console.fleet import Node
 
 CHUNK = 4 * 1024 * 1024
 # OpenSSH's sftp-server answers at most 255 KiB per read; asking for 256 KiB got 255 back and
 # asyncssh fetched the missing 1 KiB with a second request, doubling the requests.
 SFTP_READ = 255 * 1024
-# Which data path pull takes: "openssh", "asyncssh", or unset (OpenSSH's sftp when installed).
+# Which data path pull takes: "stream", "openssh" (sftp), "asyncssh", or unset (the stream
+# when OpenSSH's ssh is installed).
 DATA_PATH_ENV = "FLEETDECK_PULL_DATA_PATH"
 
 
@@ -93,14 +95,23 @@ class LocalSource:
 
 
 class OpensshSource:
-    """Pull through OpenSSH's sftp (the Puller hands it whole batches); `read` serves the few
-    files a batch line cannot name, over SFTP on the agent link's connection."""
+    """Pull through OpenSSH's clients (the Puller hands whole batches to `fetcher`: the agent's
+    stream over `ssh`, or `sftp`; `sftp_fetcher` is sftp for a stream the node's agent cannot
+    serve, when sftp is installed); `read` serves the few files sftp cannot name, over SFTP on
+    the agent link's connection."""
 
-    data_path = "openssh"
-
-    def __init__(self, node: Node, sftp: str, conn: asyncssh.SSHClientConnection | None) -> None:
+    def __init__(self, node: Node, sftp: str | None, conn: asyncssh.SSHClientConnection | None,
+                 ssh: str | None = None) -> None:
         self.node = node
-        self.fetcher = opensftp.SftpFetcher(sftp, node, node.run_dir)
+        self.sftp_fetcher = (opensftp.SftpFetcher(sftp, node, node.run_dir)
+                             if sftp is not None else None)
+        self.fetcher: opensftp.SftpFetcher | streamed.StreamFetcher
+        if ssh is not None:
+            self.fetcher = streamed.StreamFetcher(ssh, node)
+        else:
+            assert self.sftp_fetcher is not None, "one of ssh and sftp is needed"
+            self.fetcher = self.sftp_fetcher
+        self.data_path = self.fetcher.data_path
         self._conn = conn
         self._fallback: SftpSource | None = None
 
@@ -119,12 +130,14 @@ class OpensshSource:
 
 
 def choose_data_path(data_path: str | None = None) -> str:
-    """The data path asked for (argument, else FLEETDECK_PULL_DATA_PATH): "openssh" when OpenSSH's
-    sftp is installed, else "asyncssh"."""
+    """The data path asked for (argument, else FLEETDECK_PULL_DATA_PATH): "stream" when OpenSSH's
+    ssh is installed, else "openssh" (its sftp) when that is, else "asyncssh"."""
     choice = (data_path or os.environ.get(DATA_PATH_ENV) or "auto").strip().lower()
-    if choice not in ("auto", "openssh", "asyncssh"):
-        raise PullError(f"{DATA_PATH_ENV}={choice!r}: expected openssh or asyncssh")
+    if choice not in ("auto", "stream", "openssh", "asyncssh"):
+        raise PullError(f"{DATA_PATH_ENV}={choice!r}: expected stream, openssh or asyncssh")
     if choice == "auto":
+        if streamed.find_ssh():
+            return "stream"
         return "openssh" if opensftp.find_sftp() else "asyncssh"
     return choice
 
@@ -133,7 +146,14 @@ async def open_source(node: Node, conn: asyncssh.SSHClientConnection | None,
                       data_path: str | None = None) -> Source:
     if node.local:
         return LocalSource(node.run_dir)
-    if choose_data_path(data_path) == "openssh":
+    chosen = choose_data_path(data_path)
+    if chosen == "stream":
+        ssh = streamed.find_ssh()
+        if ssh is None:
+            raise PullError("OpenSSH's ssh client is not installed (PATH); install "
+                            "openssh-client or use FLEETDECK_PULL_DATA_PATH=asyncssh")
+        return OpensshSource(node, opensftp.find_sftp(), conn, ssh=ssh)
+    if chosen == "openssh":
         sftp = opensftp.find_sftp()
         if sftp is None:
             raise PullError("OpenSSH's sftp client is not installed (PATH); install "

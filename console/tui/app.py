@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from textual import on
 from textual.app import App, ScreenStackError
 from textual.binding import Binding, BindingType
+from textual.dom import DOMNode
 from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen, Screen
 from textual.worker import Worker, WorkerState
@@ -25,6 +26,7 @@ from console.actions import ACTIONS, BY_ID
 from console.alerting import run_alert_command
 from console.fleet import Fleet, Node
 from console.linkstate import LinkState
+from console.logfollow import BadLogAnswer
 from console.sanitize import shown_markup
 from console.state import FleetState
 from console.transport import AgentLink, HostKeyProblem, accept_host_key
@@ -32,7 +34,9 @@ from console.tui import heap
 from console.tui.campaign_actions import CampaignControls
 from console.tui.fetched import Fetched
 from console.tui.handlers import NAVIGATION, Controls
+from console.tui.history import MAX_POINTS, SPAN_TITLES
 from console.tui.keymap import binding_ids, resolve
+from console.tui.log_follow import LogFollower
 from console.tui.messages import (
     ActionReport,
     HistoryFetched,
@@ -51,6 +55,7 @@ from console.tui.screens.node import GenerateScreen, NodeView, TrainScreen
 from console.tui.terminal import run_in_terminal
 from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
 from console.tui.widgets.hostkey import HostKeyModal
+from console.tui.widgets.log_pane import LogPane
 from console.tui.widgets.prompt import ValueModal
 from console.tui.widgets.retry import RetryModal
 from themes import stylesheet
@@ -61,7 +66,6 @@ QUEUE_LOOK_S = 30.0  # how often a generation campaign's queue is asked for its 
 AGES_S = 1.0  # ages on screen tick at least once a second
 HISTORY_WINDOW_S = 3600.0
 CLOSE_TIMEOUT_S = 10.0
-HISTORY_PAGE = 1000
 
 # The footer shows the everyday actions first; the palette lists them all.
 FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autotune",
@@ -71,8 +75,9 @@ FOOTER_ORDER = ("pause", "unpause", "resize", "resize_up", "resize_down", "autot
 FOOTER_LABELS = {"resize_up": "more", "resize_down": "fewer", "autotune": "auto",
                  "restart_server": "Restart"}
 # Bound and in the palette, but not worth footer room (rare, or one kind of node only;
-# failures, shell: the footer is full at 200 columns, and their keys are in the README's table).
-FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell"})
+# failures, shell, dataset, report: the footer is full at 200 columns, and their keys are in
+# the README's table).
+FOOTER_HIDDEN = frozenset({"export", "theme", "failures", "shell", "dataset", "report"})
 
 
 def action_bindings() -> list[BindingType]:
@@ -111,6 +116,7 @@ class FleetdeckApp(App[int]):
         self.links: dict[str, AgentLink] = {}
         self.controls = Controls(self)
         self.campaign_controls = CampaignControls(self, self.controls)
+        self.log_follower = LogFollower(self)
         # Generation campaigns: their queues say which nodes were given back (any console's
         # decommission-check records it in the campaign's prefix).
         self.queued = [c for c in fleet.campaigns if fleet.campaign_role(c) == "generate"]
@@ -175,11 +181,16 @@ class FleetdeckApp(App[int]):
             self.set_timer(self.exit_after, lambda: self.exit(0))
 
     def _apply_keymap(self) -> None:
-        keymap = resolve(self.settings.keymap, binding_ids(KEYMAP_OWNERS), self.fleet.source)
+        keymap = resolve(self.settings.keymap, binding_ids(self.keymap_owners()),
+                         self.fleet.source)
         for warning in keymap.warnings:
             self.notify(warning, severity="warning", timeout=15)
         self._keys.update(keymap.keys)
         self.set_keymap(keymap.keys)
+
+    def keymap_owners(self) -> tuple[type[DOMNode], ...]:
+        """The classes whose binding ids the user's keymap may move (a replay adds its own)."""
+        return KEYMAP_OWNERS
 
     def key_for(self, action_id: str) -> str:
         return self._keys.get(action_id, "")
@@ -348,6 +359,10 @@ class FleetdeckApp(App[int]):
         key = (self.state.version, self._changes, id(self.shown))
         if key != self._drawn or time.monotonic() - self._last_draw >= AGES_S:
             self.redraw()
+        due = self.log_follower.due()
+        if due is not None:
+            self.run_worker(self.log_follower.poll(*due), name=f"log-{due[0]}",
+                            group=f"log-{due[0]}", exit_on_error=False)
 
     def redraw(self) -> None:
         screen = self.shown
@@ -429,35 +444,68 @@ class FleetdeckApp(App[int]):
         self.redraw()
 
     async def _fetch_history(self, name: str) -> None:
-        snap = self.state.nodes[name].snapshot
-        since = (snap.updated_at if snap is not None else self.clock()) - HISTORY_WINDOW_S
-        items: list[dict[str, Any]] = []
-        for _ in range(20):
-            try:
-                reply = await self.call_node(name, "history",
-                                             {"since": since, "limit": HISTORY_PAGE})
-            except (RpcError, ConnectionError, TimeoutError, OSError) as exc:
-                self.report(name, f"history unavailable: {exc}", ok=False)
-                return
-            page = reply.get("items") or []
-            items += page
-            if not reply.get("more") or not page:
-                break
-            since = float(page[-1].get("updated_at", since))
-        self.post_message(HistoryFetched(name, items))
+        """The node's history over the span its sparklines show, served downsampled by the
+        node (agents/rundir/histstore.py) in one reply of at most MAX_POINTS items."""
+        hist = self.fetched[name].history
+        span = hist.span
+        params: dict[str, Any] = {"span": span, "limit": MAX_POINTS}
+        if span == "1h":
+            snap = self.state.nodes[name].snapshot
+            params["since"] = (snap.updated_at if snap is not None else self.clock()) \
+                - HISTORY_WINDOW_S
+        try:
+            reply = await self.call_node(name, "history", params)
+        except (RpcError, ConnectionError, TimeoutError, OSError) as exc:
+            self.report(name, f"history unavailable: {exc}", ok=False)
+            return
+        items = reply.get("items") if isinstance(reply, dict) else None
+        step = reply.get("step_s") if isinstance(reply, dict) else None
+        self.post_message(HistoryFetched(
+            name, [i for i in items if isinstance(i, dict)] if isinstance(items, list) else [],
+            span, float(step) if isinstance(step, (int, float)) and step > 0 else None))
+
+    @on(GenerateScreen.CycleHistorySpan)
+    def _cycle_history_span(self, event: GenerateScreen.CycleHistorySpan) -> None:
+        span = self.fetched[event.name].history.cycle_span()
+        self._changes += 1
+        self.redraw()
+        if self.connect:
+            self.run_worker(self._fetch_history(event.name), name=f"history-{event.name}",
+                            group=f"history-{event.name}", exclusive=True,
+                            exit_on_error=False)
+        self.notify(f"{event.name}: sparklines over the {SPAN_TITLES[span]}", timeout=2)
 
     # -- worker results ---------------------------------------------------------------------
 
     @on(HistoryFetched)
     def _history_fetched(self, event: HistoryFetched) -> None:
-        self.fetched[event.node].history.load(event.items)
+        hist = self.fetched[event.node].history
+        if event.span != hist.span:
+            return  # fetched for a span cycled past since
+        hist.load(event.items, event.step_s)
         self._changes += 1
 
     @on(LogFetched)
     def _log_fetched(self, event: LogFetched) -> None:
-        self.fetched[event.node].set_log(event.name, event.reply)
-        self._changes += 1
-        self.redraw()
+        fetched = self.fetched[event.node]
+        version = fetched.version
+        error = event.error
+        if error is None and event.reply is None:
+            fetched.select_log(event.name)
+        elif error is None:
+            try:
+                fetched.set_log(event.name, event.reply, event.select)
+            except BadLogAnswer as exc:
+                error = str(exc)
+        if error is not None:
+            view = fetched.logs.get(event.name)
+            if view is not None and view.follow:
+                view.follow = False
+                fetched.version += 1
+            self.report(event.node, f"log {event.name}: {error}; not following it", ok=False)
+        if fetched.version != version:
+            self._changes += 1
+            self.redraw()
 
     @on(SamplesFetched)
     def _samples_fetched(self, event: SamplesFetched) -> None:
@@ -533,4 +581,5 @@ class FleetdeckApp(App[int]):
 
 # Every class whose bindings the keymap may move: the app, its screens and its modals.
 KEYMAP_OWNERS = (FleetdeckApp, FleetScreen, GenerateScreen, TrainScreen, DecommissionScreen,
-                 FailuresScreen, ConfirmModal, HostKeyModal, ChoiceModal, RetryModal, ValueModal)
+                 FailuresScreen, ConfirmModal, HostKeyModal, ChoiceModal, RetryModal, ValueModal,
+                 LogPane)

@@ -16,6 +16,8 @@ from console.actions import BY_ID
 from console.fleet import Campaign
 from console.queue.launch import check_problems, launch_params, spec_problem
 from console.queue.rollup import from_state
+from console.report.series import RunHistory
+from console.report.verb import read_history
 from console.tui.handlers import Controls
 from console.tui.port import ActionPort
 from console.tui.widgets import figures as f
@@ -24,7 +26,7 @@ from console.tui.widgets.retry import RetryModal
 
 # What a campaign row answers to; anything else is one node's business.
 CAMPAIGN_ACTIONS = ("pause", "unpause", "resize", "resize_up", "resize_down", "autotune",
-                    "max_tokens", "retry", "launch")
+                    "max_tokens", "retry", "launch", "report")
 
 
 class CampaignControls:
@@ -63,6 +65,19 @@ class CampaignControls:
         return ", ".join(f"{f.num(figure(n))} on {n}" for n in campaign.nodes)
 
     # -- the actions ------------------------------------------------------------------------
+
+    async def report(self, campaign: Campaign) -> None:
+        """One report of every node's history (a node not connected is named in it)."""
+        async def one(node: str) -> RunHistory:
+            link = self.port.connected_link(node)
+            if link is None:
+                return RunHistory(node, note="not connected")
+            return await read_history(link, node)
+
+        self.port.report(campaign.name, "report: reading every node's history ...")
+        runs = list(await asyncio.gather(*(one(n) for n in campaign.nodes)))
+        await self.controls.write_report(campaign.name, runs, f"campaign {campaign.name}, "
+                                         "through its nodes' history", campaign.name)
 
     async def pause(self, campaign: Campaign) -> None:
         await self.each(campaign, "pause", lambda n: self.controls.simple(

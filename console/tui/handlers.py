@@ -5,8 +5,10 @@ node never blocks the screen. They reach the app only through ActionPort."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from textual.app import SuspendNotSupported
@@ -16,6 +18,10 @@ from agents.rundir.gpugroups import label as gpu_label
 from agents.rundir.schema import Progress
 from console.actions import BY_ID
 from console.artifacts.decommission import generation_campaign
+from console.logfollow import FollowedLog
+from console.report.render import NoMatplotlib, write
+from console.report.series import RunHistory
+from console.report.verb import read_history, tui_dest
 from console.sanitize import shown_markup
 from console.shell import SSH_FAILED, NoShell, shell_command
 from console.tui.fetched import log_names
@@ -30,7 +36,7 @@ from console.tui.widgets.prompt import ValueAnswer, ValueModal
 from console.tui.widgets.retry import RetryModal
 
 PENDING_S = 5.0  # how long a sent concurrency wins over snapshots that have not caught up
-LOG_LINES = 300
+LOG_LINES = 1000  # a log's first tail; then only what it gains
 SAMPLES = 12
 
 
@@ -248,14 +254,24 @@ class Controls:
                              f"folder goes to RUN_DIR/export; its log is '{reply.get('log')}'")
 
     async def logs(self, node: str) -> None:
+        """The next log of the run in the log pane (the selected GPU's server log from the
+        GPU table): its tail the first time, then only what it gained while it follows; each
+        log keeps its place (console/tui/fetched.py LogView)."""
         screen = await self.port.show_node(node)
         name = self._log_name(node, screen)
-        reply = await self.call(node, "logs", {"name": name, "n": LOG_LINES})
-        if reply is not None:
-            self.port.post_message(LogFetched(node, name, reply))
-            shown = self.port.shown
-            if isinstance(shown, NodeView):
-                shown.show_tab("tab-log")
+        view = self.port.fetched[node].logs.get(name)
+        if view is not None and not view.follow:
+            self.port.post_message(LogFetched(node, name, None, select=True))
+        else:
+            log = view.log if view is not None else FollowedLog(name)
+            reply = await self.call(node, "logs", log.params(LOG_LINES))
+            if reply is None:
+                return
+            self.port.post_message(LogFetched(node, name, reply, select=True))
+        shown = self.port.shown
+        if isinstance(shown, NodeView):
+            shown.show_tab("tab-log")
+            shown.log_pane.log_lines.focus()  # its keys: f, /, n, N, w
 
     def _log_name(self, node: str, screen: NodeView) -> str:
         snap = self.port.state.nodes[node].snapshot
@@ -267,9 +283,9 @@ class Controls:
                 return f"sglang_gpu{chosen[1][0] if chosen[1] else chosen[0]}"
         role = snap.kind if snap is not None else self.port.fleet.node(node).role
         names = log_names(role, gpus)
-        shown = self.port.fetched[node].log
-        if shown is not None and shown.name in names and screen.active_tab == "tab-log":
-            return names[(names.index(shown.name) + 1) % len(names)]
+        shown = self.port.fetched[node].log_name
+        if shown is not None and shown in names and screen.active_tab == "tab-log":
+            return names[(names.index(shown) + 1) % len(names)]
         return names[0]
 
     async def samples(self, node: str) -> None:
@@ -320,12 +336,57 @@ class Controls:
 
     # -- artifacts ----------------------------------------------------------------------------
 
+    async def report(self, node: str) -> None:
+        """The run's whole history as a report (console/report), from the node's link."""
+        link = self.port.connected_link(node)
+        if link is None:
+            self.port.report(node, "Report failed: not connected", ok=False)
+            return
+        self.port.report(node, "report: reading the run's history ...")
+        run = await read_history(link, node)
+        await self.write_report(node, [run], f"node {node}, through its history")
+
+    async def write_report(self, name: str, runs: list[RunHistory], source: str,
+                           campaign: str | None = None) -> Path | None:
+        """Draw and write it in a thread (matplotlib takes seconds); the page's path."""
+        dest = tui_dest(self.port.fleet.pull_dir, name)
+        title = f"Run report: {'campaign ' if campaign else ''}{name}"
+        try:
+            path = await asyncio.to_thread(write, dest, title, source, runs, campaign)
+        except NoMatplotlib as exc:
+            self.port.report(name, f"Report failed: {exc}", ok=False)
+            return None
+        except OSError as exc:
+            self.port.report(name, f"Report failed: cannot write {dest}: "
+                             f"{exc.strerror or exc}", ok=False)
+            return None
+        notes = "; ".join(f"{r.name}: {r.note}" for r in runs if r.note)
+        self.port.report(name, f"report written: {path}" + (f" ({notes})" if notes else ""),
+                         ok=not notes)
+        return path
+
     async def pull(self, node: str) -> None:
         """Pull into the configured folder, with its progress bar, then the checklist."""
         await self._decommission_screen(node, pull_first=True)
 
     async def decommission(self, node: str) -> None:
         await self._decommission_screen(node, pull_first=False)
+
+    async def dataset(self, node: str) -> None:
+        """`fleetdeck dataset NODE --to PULL_DIR/datasets/NODE`, from the node's pulled copy
+        (no link needed: the node may be gone), in a thread; the answer as a notification."""
+        import asyncio
+
+        from console.dataset.verb import dataset_for_node
+
+        self.port.report(node, "Dataset: verifying the pulled copy and writing Parquet...")
+        try:
+            summary = await asyncio.to_thread(dataset_for_node, self.port.fleet, node)
+        except ValueError as exc:  # not verified, refused, nothing pulled: said whole
+            self.port.report(node, f"Dataset refused: {exc}", ok=False)
+            return
+        self.port.report(node, f"Dataset: {summary['rows']:,} rows in {summary['shards']} "
+                         f"shard(s), {summary['failed']} failed apart, in {summary['dir']}")
 
     async def _decommission_screen(self, node: str, pull_first: bool) -> None:
         if self.port.connected_link(node) is None:

@@ -1,6 +1,7 @@
-"""A node's recent past for the sparklines: throughput, accept length and failures, one point
-per step (the agent's history.jsonl samples every 10 s), the newest point updated live from
-each snapshot. Plain data: the widgets draw it, the app fills it."""
+"""A node's past for the sparklines: throughput, accept length and failures over a span (the
+last hour, 6 hours or the whole run, `h` cycles), one point per step (10 s for the hour, as
+the node's history store serves the others), the newest point updated live from each
+snapshot. Plain data: the widgets draw it, the app fills it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 from agents.rundir.schema import Progress
 
 STEP_S = 10.0
-MAX_POINTS = 360  # an hour at the agent's 10 s sampling
+MAX_POINTS = 360  # an hour at the agent's 10 s sampling; the most any span is fetched with
+SPANS = ("1h", "6h", "all")  # the `history` RPC's spans, in the order `h` cycles them
+SPAN_TITLES = {"1h": "last hour", "6h": "last 6 h", "all": "whole run"}
 
 
 @dataclass(slots=True)
@@ -59,6 +62,15 @@ class NodeHistory:
         self.points: deque[Point] = deque(maxlen=max_points)
         self.loaded = False  # the `history` RPC has answered
         self.version = 0
+        self.span = SPANS[0]
+
+    def cycle_span(self) -> str:
+        """The next span; its points are fetched again (the old ones are dropped)."""
+        self.span = SPANS[(SPANS.index(self.span) + 1) % len(SPANS)]
+        self.points.clear()
+        self.loaded = False
+        self.version += 1
+        return self.span
 
     @property
     def newest(self) -> float:
@@ -77,8 +89,11 @@ class NodeHistory:
     def add_progress(self, progress: Progress) -> None:
         self.add(point_from_progress(progress))
 
-    def load(self, items: Iterable[dict[str, Any]]) -> None:
-        """Merge fetched history (oldest first) under the live points already held."""
+    def load(self, items: Iterable[dict[str, Any]], step_s: float | None = None) -> None:
+        """Merge fetched history (oldest first) under the live points already held; `step_s`:
+        the step it was served at, which live points then keep."""
+        if step_s is not None and step_s > 0:
+            self.step_s = float(step_s)
         fetched = [p for p in (point_from_dict(i) for i in items) if p is not None]
         fetched.sort(key=lambda p: p.t)
         if fetched:

@@ -17,15 +17,21 @@ class LinkChanged(Message):
 
 
 class HistoryFetched(Message):
-    def __init__(self, node: str, items: list[dict[str, Any]]) -> None:
+    def __init__(self, node: str, items: list[dict[str, Any]], span: str = "1h",
+                 step_s: float | None = None) -> None:
         super().__init__()
-        self.node, self.items = node, items
+        self.node, self.items, self.span, self.step_s = node, items, span, step_s
 
 
 class LogFetched(Message):
-    def __init__(self, node: str, name: str, reply: dict[str, Any]) -> None:
+    """An answer to `logs` (None: the log shown as kept, not read again); `select`: the log
+    pane shows this log from now on; `error`: following it failed (it stops following)."""
+
+    def __init__(self, node: str, name: str, reply: Any, select: bool = False,
+                 error: str | None = None) -> None:
         super().__init__()
-        self.node, self.name, self.reply = node, name, reply
+        self.node, self.name, self.reply, self.select = node, name, reply, select
+        self.error = error
 
 
 class SamplesFetched(Message):

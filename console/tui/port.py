@@ -7,7 +7,7 @@ so a handler gets what it needs and no more."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from textual.message import Message
 from textual.notifications import SeverityLevel
@@ -17,7 +17,9 @@ from console.fleet import Fleet
 from console.state import FleetState
 from console.transport import AgentLink
 from console.tui.fetched import Fetched
-from console.tui.screens.node import NodeView
+
+if TYPE_CHECKING:  # the node screens offer the palette, which takes this port
+    from console.tui.screens.node import NodeView
 
 AnswerT = TypeVar("AnswerT")
 

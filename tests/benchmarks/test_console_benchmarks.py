@@ -16,7 +16,7 @@ def test_tui() -> None:
            count=6)
 
 
-@pytest.mark.parametrize("engine", ["openssh", "asyncssh"])
+@pytest.mark.parametrize("engine", ["stream", "openssh", "asyncssh"])
 def test_pull(engine: str) -> None:
     out = run_bench("pull.py", "--big", "1", "--big-mb", "2", "--small", "20", "--runs", "1",
                     "--engine", engine)

@@ -191,3 +191,22 @@ def failure_summary() -> dict[str, Any]:
               [line(3_300, T0 - 200, "timeout", 6, "ReadTimeout after 600 s")]),
     ], "events": 1_585, "retries": 1, "other": 0, "unreadable": 0, "bytes_read": 1_912_044,
         "bytes_total": 1_912_044, "complete": True, "lines": 1_586}
+
+
+def log_reply() -> dict[str, Any]:
+    """An answer to `logs` (a tail): the engine's log around a KV-pressure episode."""
+    t = "2026-12-06 09:41:"
+    lines = [f"{t}{s:02d},120 INFO agents.engine.run: batch {417 + s} closed: 100 lines, "
+             f"0 failed" for s in range(24)]
+    lines[9] = (f"{t}09,884 WARNING agents.engine.dispatch: server 1: KV cache pool is full; "
+                "SGLang retracted 3 requests")
+    lines[15] = (f"{t}15,002 ERROR agents.engine.client: server 1: request 88213 failed: "
+                 "ServerDisconnectedError")
+    lines[16:16] = ["Traceback (most recent call last):",
+                    '  File "agents/engine/client.py", line 211, in post',
+                    "aiohttp.client_exceptions.ServerDisconnectedError: Server disconnected"]
+    lines[21] = f"{t}18,450 INFO agents.engine.run: retried 3 retracted requests on server 0"
+    body = "".join(f"{x}\n" for x in lines).encode()
+    return {"path": "/runs/qwen3-distill/logs/generate.log", "size": len(body),
+            "lines": lines, "next_before": None, "inode": 1, "next_from": len(body),
+            "unfinished": False}

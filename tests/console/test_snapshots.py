@@ -91,6 +91,24 @@ def test_generation_samples_pane(snap_compare: Any) -> None:
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
 
 
+def test_generation_log_pane_search(snap_compare: Any) -> None:
+    """The log pane with focus (its keys in the footer), a search's matches highlighted and
+    the view on the newest one."""
+    async def run_before(pilot: Any) -> None:
+        await open_gen(pilot)
+        app: FleetdeckApp = pilot.app
+        app.fetched["gen-1"].set_log("generate", d.log_reply(), select=True)
+        assert isinstance(app.screen, GenerateScreen)
+        app.screen.show_tab("tab-log")
+        app.redraw()
+        app.screen.log_pane.log_lines.focus()
+        await pilot.press("slash", *"retract", "enter")
+        await until(pilot, lambda: "match 2 of 2" in str(
+            app.screen.query_one("#log-title", Static).render()), 60, "the newest match")
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
 def test_training_screen(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await feed(pilot)

@@ -17,11 +17,40 @@ from tests.servers.sshd import SshServer
 
 # `python FAKE SCENARIO serve RUN_DIR --stdio`: each request is answered from the scenario's
 # `answers` (a result) or `errors` (a JSON-RPC error); `raw` lines are written as they are.
-# Anything else is "method not found".
+# Anything else is "method not found". `python FAKE SCENARIO send-files RUN_DIR` (pull's
+# stream): a `send` string (base64) is written as it is, whatever was asked; a `send` object
+# answers each file it names with its `data` (base64) and `head` (header fields over the
+# honest ones), the others honestly; without `send`, the real agent's send-files answers.
 FAKE_AGENT = r'''
-import json, sys
+import base64, json, os, sys
 scenario = json.load(open(sys.argv[1]))
 out = sys.stdout.buffer
+if sys.argv[2] == "send-files" and isinstance(scenario.get("send"), str):
+    sys.stdin.buffer.read()
+    out.write(base64.b64decode(scenario["send"]))
+    out.flush()
+    sys.exit(0)
+if sys.argv[2] == "send-files" and isinstance(scenario.get("send"), dict):
+    out.write(b"FLEETDECK-SEND 1\n")
+    for i, line in enumerate(sys.stdin.buffer):
+        req = json.loads(line)
+        fake = scenario["send"].get(req["path"])
+        if fake is None:
+            with open(os.path.join(sys.argv[3], req["path"]), "rb") as f:
+                f.seek(req["offset"])
+                data = f.read(req["length"])
+            head = {}
+        else:
+            data, head = base64.b64decode(fake.get("data", "")), fake.get("head", {})
+        out.write(json.dumps({"i": i, "n": len(data), **head}).encode() + b"\n" + data)
+        out.flush()
+    sys.exit(0)
+if sys.argv[2] == "send-files":
+    sys.path.insert(0, ROOT)
+    from agents.artifacts.send import serve
+    from pathlib import Path
+    sys.exit(serve(Path(sys.argv[3]), sys.stdin.buffer, out.fileno()))
+'''.replace("ROOT", repr(str(Path(__file__).resolve().parents[2]))) + r'''
 for line in sys.stdin.buffer:
     req = json.loads(line)
     rid, method = req.get("id"), req.get("method")

@@ -70,7 +70,7 @@ def test_the_agent_lists_every_name(odd_run: Path) -> None:
     assert b"caf\\xe9-latin1.log" in r.stdout
 
 
-@pytest.mark.parametrize("data_path", ["openssh", "asyncssh"])
+@pytest.mark.parametrize("data_path", ["stream", "openssh", "asyncssh"])
 def test_pull_copies_odd_names_whole_and_shows_them_escaped(sshd: SshServer, odd_run: Path,
                                                            tmp_path: Path, s3: S3Server,
                                                            data_path: str) -> None:

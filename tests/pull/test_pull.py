@@ -74,7 +74,7 @@ async def _drop_connections_at(part: Path, size: int, sshd: SshServer) -> None:
 ODD_NAMES = ['we ird*[1]?.log', 'q"uo\\te\'s #.log', "-dash.log", "new\nline.log"]
 
 
-@pytest.mark.parametrize("data_path", ["openssh", "asyncssh"])
+@pytest.mark.parametrize("data_path", ["stream", "openssh", "asyncssh"])
 async def test_pull_resumes_after_a_dropped_connection(sshd: SshServer, finished_run: Path,
                                                       tmp_path: Path, s3: S3Server,
                                                       data_path: str) -> None:
@@ -233,8 +233,10 @@ def test_data_path_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(DATA_PATH_ENV, "asyncssh")
     assert choose_data_path() == "asyncssh"
     assert choose_data_path("openssh") == "openssh"  # the argument wins
+    assert choose_data_path("stream") == "stream"
     monkeypatch.delenv(DATA_PATH_ENV)
-    assert choose_data_path() == ("openssh" if shutil.which("sftp") else "asyncssh")
+    assert choose_data_path() == ("stream" if shutil.which("ssh") else
+                                  "openssh" if shutil.which("sftp") else "asyncssh")
     monkeypatch.setenv(DATA_PATH_ENV, "rsync")
     with pytest.raises(PullError):
         choose_data_path()

@@ -58,23 +58,32 @@ def pull_args(node: FakeNode) -> list[str]:
     return [sys.executable, "-m", "console.cli", "--fleet", str(node.fleet), "pull", "gen-1"]
 
 
-PULL_ENV = {**os.environ, "FLEETDECK_PULL_DATA_PATH": "openssh"}
+def pull_env(data_path: str) -> dict[str, str]:
+    return {**os.environ, "FLEETDECK_PULL_DATA_PATH": data_path}
 
 
-def pull(node: FakeNode) -> subprocess.Popen[str]:
+def pull(node: FakeNode, data_path: str) -> subprocess.Popen[str]:
     return subprocess.Popen(pull_args(node), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=PULL_ENV)
+                            stderr=subprocess.PIPE, env=pull_env(data_path))
 
 
-def pull_to_end(node: FakeNode) -> subprocess.CompletedProcess[str]:
+def pull_to_end(node: FakeNode, data_path: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(pull_args(node), cwd=ROOT, capture_output=True, text=True,
-                          timeout=180, env=PULL_ENV)
+                          timeout=180, env=pull_env(data_path))
 
 
+# The copier pull starts, per data path: sftp (its ssh beneath it), or ssh carrying the
+# agent's stream (pull's own thread writes the part).
+COPIERS = {"openssh": "sftp", "stream": "ssh"}
+
+
+@pytest.mark.parametrize("data_path", ["openssh", "stream"])
 def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshServer,
-                                                                    tmp_path: Path) -> None:
-    if shutil.which("sftp") is None:
-        pytest.skip("OpenSSH's sftp client is not installed")
+                                                                    tmp_path: Path,
+                                                                    data_path: str) -> None:
+    copier = COPIERS[data_path]
+    if shutil.which(copier) is None:
+        pytest.skip(f"OpenSSH's {copier} client is not installed")
     node = FakeNode(sshd, tmp_path, tmp_path / "pulls")
     with open(node.run_dir / "big.bin", "wb") as f:
         f.truncate(SIZE)  # zeros, sparse on the node
@@ -83,19 +92,21 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
                  "manifest": page(entry("big.bin", size=SIZE, sha256=sha))})
     part = node.pulls / "gen-1" / "r" / "big.bin.fdpart"
 
-    first = pull(node)
+    first = pull(node, data_path)
     try:
         sftp = wait_for(lambda: [pid for pid, (comm, ppid, _) in processes().items()
-                                 if ppid == first.pid and comm == "sftp"], 120, "sftp")[0]
+                                 if ppid == first.pid and comm == copier], 120, copier)[0]
         wait_for(lambda: part.exists() and part.stat().st_size > 0, 120, "bytes in the part")
-        # The copier paused: the part stays half-copied while we look (no race with the end).
-        os.kill(sftp, signal.SIGSTOP)
+        # The writer paused: the part stays half-copied while we look (no race with the end).
+        # sftp writes the part itself; on the stream it is pull's own thread, so pull is
+        # stopped (its ssh then waits on a full pipe).
+        os.kill(sftp if data_path == "openssh" else first.pid, signal.SIGSTOP)
         group = processes()[sftp][2]  # sftp's own process group, its ssh in it too
         assert any(comm == "ssh" for comm, _, pgrp in processes().values() if pgrp == group)
 
         # A second pull while the first lives: refused, naming the live one; nothing written.
         held = part.stat().st_size
-        second = pull_to_end(node)
+        second = pull_to_end(node, data_path)
         assert second.returncode == 2, second.stdout + second.stderr
         assert "another pull is writing" in second.stderr and f"pid {first.pid}" in \
             second.stderr, second.stderr
@@ -133,7 +144,7 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
     wait_for(lock_free, 120, "the killed pull's lock to be released")
     # The next pull resumes from the part and finishes. (It was once seen refused by the
     # lock: `pull(node).args` had started a hidden pull of its own, which won the race.)
-    third = pull_to_end(node)
+    third = pull_to_end(node, data_path)
     assert third.returncode == 0, third.stderr
     report = json.loads(third.stdout)
     assert report["copied"] == 1 and report["resumed"]["big.bin"] > 0, report

@@ -85,7 +85,10 @@ def test_checkpoint_layout(tmp_path: Path, random_world: World,
     ckpt = out / "epoch_0_step_3"
     assert {p.name for p in ckpt.iterdir()} == {"model.safetensors", "config.json", "dflash.py",
                                                "training_state.pt", "metrics.json",
-                                               "manifest.sha256.json"}
+                                               "manifest.sha256.json", "distcp"}
+    # The resume's copy (torch.distributed.checkpoint), sealed with the rest.
+    manifest = json.loads((ckpt / "manifest.sha256.json").read_text())
+    assert {f["path"] for f in manifest["files"]} >= {"distcp/.metadata", "model.safetensors"}
     keys = load_file(str(ckpt / "model.safetensors")).keys()
     assert not any("embed" in k or "lm_head" in k for k in keys), "the target's own, frozen"
     config = json.loads((ckpt / "config.json").read_text())
@@ -100,7 +103,14 @@ def test_checkpoint_layout(tmp_path: Path, random_world: World,
     assert config["num_hidden_layers"] == 1
     assert config["hidden_size"] == random_world.model.config.hidden_size
     state = torch.load(ckpt / "training_state.pt", weights_only=True)
-    assert state["step"] == 3 and "state" in state["optimizer"]
+    assert state["step"] == 3 and state["global_batch"] == 4 and state["samples"] == 12
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(ckpt / "distcp", tmp_path / "flat.pt")
+    flat = torch.load(tmp_path / "flat.pt", weights_only=True)
+    # AdamW's moments by parameter name, three steps taken.
+    assert float(flat["optim"]["state"]["fc.weight"]["step"]) == 3.0
+    assert flat["optim"]["state"]["fc.weight"]["exp_avg"].shape == flat["model"]["fc.weight"].shape
 
 
 def test_ddp_two_processes_on_the_cpu(tmp_path: Path, random_world: World,

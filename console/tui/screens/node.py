@@ -4,12 +4,17 @@ alerts and the log tail."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.message import Message
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from agents.rundir.schema import Snapshot
 from console.tui.fetched import Fetched
+from console.tui.palette import ScreenCommands
 from console.tui.screens.base import View, ViewContext, node_bar
 from console.tui.widgets.alert_list import AlertList
 from console.tui.widgets.gpu_table import GpuTable
@@ -39,17 +44,38 @@ class NodeView(View):
     def active_tab(self) -> str:
         return self.query_one(TabbedContent).active
 
+    @property
+    def log_pane(self) -> LogPane:
+        return self.query_one(LogPane)
+
     def _show_fetched(self, fetched: Fetched) -> None:
         if fetched.version == self._fetched_drawn:
             return
         self._fetched_drawn = fetched.version
-        if fetched.log is not None:
-            self.query_one(LogPane).show(fetched.log.name, fetched.log.path, fetched.log.lines)
+        self.query_one(LogPane).show(fetched.log)
         if fetched.samples is not None and self.query(SamplesPane):
             self.query_one(SamplesPane).show(fetched.samples)
 
 
 class GenerateScreen(NodeView):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("h", "history_span", "Sparklines: 1 h, 6 h, the whole run", show=False,
+                id="node_history_span",
+                tooltip="cycle the span the sparklines show; the node serves it downsampled"),
+    ]
+    COMMANDS: ClassVar = {ScreenCommands}
+
+    class CycleHistorySpan(Message):
+        """The sparklines' span is to change: the app fetches the node's history again."""
+
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+    def action_history_span(self) -> None:
+        assert self.node_name is not None
+        self.post_message(self.CycleHistorySpan(self.node_name))
+
     def compose(self) -> ComposeResult:
         yield LiveStatic(id="node-bar", classes="bar")
         with Horizontal(id="node-top"):

@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline
 
 from agents.rundir.schema import TunePoint
-from console.tui.history import NodeHistory
+from console.tui.history import SPAN_TITLES, SPANS, NodeHistory
 from console.tui.widgets import figures as f
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -33,6 +33,8 @@ class HistoryGraphs(Vertical):
         if history.version == self._drawn:
             return
         self._drawn = history.version
+        # The last hour is what the sparklines have always shown: titled only when cycled.
+        self.border_title = SPAN_TITLES[history.span] if history.span != SPANS[0] else None
         series = {"throughput": history.throughput(), "accept": history.accept_length(),
                   "failures": history.failures()}
         for key, data in series.items():

@@ -1,0 +1,106 @@
+"""`fleetdeck-agent send-files`, the node's half of pull's stream, run as the console runs it
+(a process reading requests on stdin): it serves only what the manifest would list, from
+where it was asked, and says per file why it refused one."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.artifacts.send import MAGIC
+
+
+def send(run_dir: Path, requests: list[dict[str, object]] | bytes
+         ) -> tuple[int, list[tuple[dict[str, object], bytes]], str]:
+    """(exit status, [(header, bytes)], stderr) of one send-files run."""
+    raw = requests if isinstance(requests, bytes) else b"".join(
+        json.dumps(r).encode() + b"\n" for r in requests)
+    r = subprocess.run([sys.executable, "-m", "agents.cli", "send-files", str(run_dir)],
+                       input=raw, capture_output=True, timeout=60)
+    out = r.stdout
+    assert out.startswith(MAGIC), out[:200]
+    pos, frames = len(MAGIC), []
+    while pos < len(out):
+        end = out.index(b"\n", pos)
+        head = json.loads(out[pos:end])
+        n = head["n"]
+        frames.append((head, out[end + 1:end + 1 + n]))
+        pos = end + 1 + n
+    return r.returncode, frames, r.stderr.decode()
+
+
+def test_serves_ranges_and_refuses_what_is_no_artifact(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    data = os.urandom(10_000)
+    (run / "logs" / "a.log").write_bytes(data)
+    (run / "secrets.json").write_text('{"s3": {"secret_access_key": "hunter2"}}')
+    (run / "supervisor.pid").write_text("1")
+    (run / "logs" / ".tmp-x").write_text("half written")
+    (tmp_path / "outside").write_text("not the run's")
+    (run / "link").symlink_to(tmp_path / "outside")
+    (run / "dirlink").symlink_to(tmp_path)
+    os.mkfifo(run / "logs" / "fifo")
+    odd = os.fsdecode(b"logs/odd\xff.log")
+    (run / odd).write_bytes(b"odd name")
+    code, frames, err = send(run, [
+        {"path": "logs/a.log", "offset": 0, "length": 10_000},
+        {"path": "logs/a.log", "offset": 9_000, "length": 5_000},  # past the end: cut
+        {"path": "logs/a.log", "offset": 20_000, "length": 5},  # beyond it: nothing
+        {"path": "secrets.json", "offset": 0, "length": 100},
+        {"path": "supervisor.pid", "offset": 0, "length": 1},
+        {"path": "logs/.tmp-x", "offset": 0, "length": 12},
+        {"path": "link", "offset": 0, "length": 13},
+        {"path": "dirlink/outside", "offset": 0, "length": 13},
+        {"path": "../outside", "offset": 0, "length": 13},
+        {"path": str(tmp_path / "outside"), "offset": 0, "length": 13},
+        {"path": "logs/fifo", "offset": 0, "length": 1},
+        {"raw": base64.b64encode(b"logs/odd\xff.log").decode(), "offset": 4, "length": 4},
+    ])
+    assert code == 0, err
+    assert [h["i"] for h, _ in frames] == list(range(12))
+    assert frames[0] == ({"i": 0, "n": 10_000}, data)
+    assert frames[1] == ({"i": 1, "n": 1_000}, data[9_000:])
+    assert frames[2] == ({"i": 2, "n": 0}, b"")
+    for head, body in frames[3:11]:
+        assert head["n"] == 0 and body == b"" and head.get("error"), head
+    assert "not an artifact" in str(frames[3][0]["error"])
+    assert "symbolic link" in str(frames[7][0]["error"])
+    assert "'..' is refused" in str(frames[8][0]["error"])
+    assert "absolute" in str(frames[9][0]["error"])
+    assert frames[11] == ({"i": 11, "n": 4}, b"name")
+    everything = b"".join(body for _, body in frames) + json.dumps(
+        [h for h, _ in frames]).encode()
+    assert b"hunter2" not in everything and b"not the run's" not in everything
+
+
+def test_a_bad_request_ends_the_stream_after_what_came_before(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "progress.json").write_text("{}")
+    good = json.dumps({"path": "progress.json", "offset": 0, "length": 2}).encode() + b"\n"
+    for bad, said in [(b'{"path": "progress.json", "offset": -1, "length": 2}\n', ">= 0"),
+                      (b'{"path": "progress.json", "offset": true, "length": 2}\n', ">= 0"),
+                      (b"[1, 2]\n", "not an object"),
+                      (b"{" * 20_000 + b"\n", "longer than")]:
+        code, frames, err = send(run, good + bad + good)
+        assert code == 2 and said in err, (bad[:40], err)
+        assert frames == [({"i": 0, "n": 2}, b"{}")]
+
+
+def test_a_fifo_where_a_file_was_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """The manifest's hash and send-files open what the walk found: a FIFO swapped in since
+    would have held the open forever (no writer); it is refused as not a regular file."""
+    from agents.artifacts.manifest import hash_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "swapped.log")
+    with pytest.raises(OSError, match="not a regular file"):
+        hash_file(run, "swapped.log")
