@@ -1,13 +1,15 @@
 """`fleetdeck-train`: prepare data, train a DFlash drafter, evaluate it (docs/trainer.md).
 
     fleetdeck-train prepare RUN.toml [--data SRC] [--endpoint-url URL] ...
-    fleetdeck-train train RUN.toml [--resume] [--steps N]
+    fleetdeck-train train RUN.toml [--resume] [--steps N] [--allow-unfit]
+    fleetdeck-train plan RUN.toml [--gpus N] [--gpu-mem GiB] [--sharded]
     fleetdeck-train evaluate RUN.toml [--checkpoint best|latest|DIR] [--zero-context]
     fleetdeck-train export RUN.toml [--checkpoint best|latest|DIR] [--to DIR]
 
-Exit codes: 0 ok; 1 a check failed (the quality gate, outputs that differ from greedy
-decoding); 2 a usage or input error (the message names the file and the key); 3 another
-node of a run across nodes was lost (`resume` on every node goes on).
+Exit codes: 0 ok; 1 a check failed (the quality gate, a run the memory plan says does not
+fit, outputs that differ from greedy decoding); 2 a usage or input error (the message names
+the file and the key); 3 another node of a run across nodes was lost (`resume` on every
+node goes on).
 Data (reports) go to stdout as JSON, narration to stderr.
 """
 
@@ -41,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep answers cut by max_tokens (finish_reason length)")
     p.add_argument("--max-under-min-share", type=float,
                    help="gate: most samples allowed under 2 x block size supervised tokens")
+    p.add_argument("--max-length", type=int,
+                   help="tokens per sample; set, the gate lets its cut through (default "
+                   "[train] max_length, else 3072 and at most max_cut_share cut)")
     p.add_argument("--workers", type=int, default=1,
                    help="processes that render and tokenise (default 1)")
 
@@ -50,6 +55,18 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int,
                    help="stop (with a checkpoint) after this many steps of this invocation")
     t.add_argument("--max-steps", type=int, help="cap the run's total steps")
+    t.add_argument("--allow-unfit", action="store_true",
+                   help="train even where the memory plan says the run does not fit")
+
+    m = sub.add_parser("plan", help="memory per rank from the target's config: does it fit?")
+    m.add_argument("spec")
+    m.add_argument("--gpus", type=int, help="ranks (default [train] nproc x nodes)")
+    m.add_argument("--gpu-mem", type=float, metavar="GIB",
+                   help="GPU memory per rank in GiB (default [train] gpu_mem_gib, else "
+                   "this machine's first GPU)")
+    m.add_argument("--sharded", action="store_true",
+                   help="the drafter's parameters, gradients and optimizer sharded (FSDP)")
+    m.add_argument("--json", action="store_true", help="also the plan as JSON on stdout")
 
     e = sub.add_parser("evaluate", help="speculative decoding on held-out prompts: tau")
     e.add_argument("spec")
@@ -79,19 +96,25 @@ def _dump(obj: object) -> None:
 def _prepare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from agents.rundir.spec import DEFAULT_MAX_LENGTH
     from trainer.paths import load_train_spec, resolve
     from trainer.prepare import PrepareSettings, prepare
 
     spec, cfg = load_train_spec(args.spec)
     paths = resolve(spec, cfg)
     data = args.data or paths.data
+    max_length = cfg.max_length if args.max_length is None else args.max_length
+    if max_length is not None and max_length < 1:
+        raise SpecError(f"--max-length: must be at least 1, got {max_length}")
     settings = PrepareSettings(
         data=data, tokenizer=paths.tokenizer,
         out=Path(args.out) if args.out else paths.prepared,
         endpoint_url=args.endpoint_url or cfg.endpoint_url,
         supervise=args.supervise or cfg.supervise,
         keep_truncated=cfg.keep_truncated if args.keep_truncated is None else True,
-        max_length=cfg.max_length, block_size=cfg.block_size,
+        max_length=DEFAULT_MAX_LENGTH if max_length is None else max_length,
+        max_length_explicit=max_length is not None,
+        max_cut_share=cfg.max_cut_share, block_size=cfg.block_size,
         max_under_min_share=(cfg.max_under_min_share if args.max_under_min_share is None
                              else args.max_under_min_share),
         heldout_share=cfg.heldout_share, workers=max(1, args.workers))
@@ -127,8 +150,29 @@ def _train(args: argparse.Namespace) -> int:
     for flag, value in (("--steps", args.steps), ("--max-steps", args.max_steps)):
         if value is not None and value < 1:
             raise SpecError(f"{flag}: must be at least 1, got {value}")
-    status = train(spec, cfg, TrainOptions(args.resume, args.steps, args.max_steps))
+    status = train(spec, cfg, TrainOptions(args.resume, args.steps, args.max_steps,
+                                            args.allow_unfit))
     return 0 if status in ("done", "stopped") else 1
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from trainer.memplan import plan_run
+    from trainer.paths import load_train_spec
+
+    spec, cfg = load_train_spec(args.spec)
+    for flag, value in (("--gpus", args.gpus), ("--gpu-mem", args.gpu_mem)):
+        if value is not None and value <= 0:
+            raise SpecError(f"{flag}: must be positive, got {value}")
+    p = plan_run(spec, cfg, args.gpus, args.gpu_mem, args.sharded)
+    if args.json:
+        _dump({"peak_bytes": p.peak, "reserve_bytes": p.reserve, "capacity_bytes":
+               p.inputs.capacity, "fits": p.fits, "needs_sharding": p.needs_sharding,
+               "rows": [{"name": r.name, "bytes": r.bytes, "how": r.how} for r in p.rows]})
+    print(p.table(), file=sys.stdout if not args.json else sys.stderr)
+    if p.fits is None:
+        print("fleetdeck-train plan: GPU memory unknown: pass --gpu-mem GiB", file=sys.stderr)
+        return 2
+    return 0 if p.fits else 1
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -183,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainer.distributed import NodesError
     from trainer.evaluate import EvaluateError
     from trainer.export import ExportError
+    from trainer.memplan import MemoryPlanError
     from trainer.prepare import PrepareError
     from trainer.shards import ShardError
     from trainer.sources import SourceError
@@ -196,13 +241,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _train(args)
         if args.command == "export":
             return _export(args)
+        if args.command == "plan":
+            return _plan(args)
         return _evaluate(args)
     except GateRefused as exc:
         print(f"fleetdeck-train {args.command}: refused: {exc}", file=sys.stderr)
         return 1
     except (SpecError, SourceError, PrepareError, TargetError, TrainInputError, DataError,
             ShardError, CheckpointError, EvaluateError, ContractError, ExportError,
-            NodesError) as exc:
+            NodesError, MemoryPlanError) as exc:
         print(f"fleetdeck-train {args.command}: {exc}", file=sys.stderr)
         return 2
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from agents.rundir.atomic import atomic_write, fsync_dir, make_dirs
 from agents.rundir.schema import BatchLine
+from agents.rundir.spec import DEFAULT_MAX_LENGTH
 from trainer.render import RenderError, Sample, Supervise, render, tokenize
 from trainer.report import (
     REPORT_NAME,
@@ -29,6 +30,7 @@ from trainer.report import (
     Problem,
     campaign_note,
     judge,
+    lengths_of,
 )
 from trainer.shards import ShardWriter
 from trainer.sources import ReadStats, open_source
@@ -48,7 +50,10 @@ class PrepareSettings:
     endpoint_url: str | None = None
     supervise: Supervise = "final"
     keep_truncated: bool = False
-    max_length: int = 3072
+    max_length: int = DEFAULT_MAX_LENGTH
+    # max_length was set (in [train] or on the command line): the gate lets its cut through.
+    max_length_explicit: bool = False
+    max_cut_share: float = 0.05
     block_size: int = 16
     max_under_min_share: float = 0.2
     heldout_share: float = 0.01
@@ -118,7 +123,9 @@ def prepare(settings: PrepareSettings) -> PrepareReport:
     min_supervised = 2 * settings.block_size
     hist = Histogram(min_supervised)
     counts = {"completions": 0, "truncated": 0, "aborted": 0, "samples": 0, "tokens": 0,
-              "supervised": 0, "under_min": 0, "tool_call": 0, "boundary": 0}
+              "supervised": 0, "under_min": 0, "tool_call": 0, "boundary": 0,
+              "lost_answer": 0}
+    lengths: list[int] = []
     flags: dict[str, tuple[int, bool, bool]] = {}
 
     def jobs() -> Iterator[tuple[str, BatchLine, Supervise, int]]:
@@ -145,6 +152,8 @@ def prepare(settings: PrepareSettings) -> PrepareReport:
             counts["supervised"] += result.supervised
             counts["tool_call"] += tool_call
             counts["boundary"] += result.boundary_merge
+            lengths.append(result.length)
+            counts["lost_answer"] += result.lost_answer
             hist.add(result.supervised)
             if result.supervised < min_supervised:
                 counts["under_min"] += 1
@@ -153,7 +162,7 @@ def prepare(settings: PrepareSettings) -> PrepareReport:
             writers[split].add(index, result, truncated, tool_call)
         for w in writers.values():
             w.close()
-        report = _report(settings, stats, counts, hist, writers, min_supervised)
+        report = _report(settings, stats, counts, hist, writers, min_supervised, lengths)
         _install(out, tmp, report.gate.passed)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -167,9 +176,11 @@ def prepare(settings: PrepareSettings) -> PrepareReport:
 
 
 def _report(settings: PrepareSettings, stats: ReadStats, counts: dict[str, int],
-            hist: Histogram, writers: dict[str, ShardWriter], min_supervised: int
-            ) -> PrepareReport:
+            hist: Histogram, writers: dict[str, ShardWriter], min_supervised: int,
+            lengths: list[int]) -> PrepareReport:
     samples = counts["samples"]
+    cut = lengths_of(lengths, settings.max_length, settings.max_length_explicit,
+                     counts["lost_answer"], settings.max_cut_share)
     completions = counts["completions"]
     return PrepareReport(
         source=settings.data, tokenizer=settings.tokenizer, supervise=settings.supervise,
@@ -190,7 +201,9 @@ def _report(settings: PrepareSettings, stats: ReadStats, counts: dict[str, int],
         train_tokens=writers["train"].tokens,
         left_out=stats.left_out, unnamed_batches=stats.unnamed_batches,
         uncommitted_chunks=stats.uncommitted_chunks,
-        gate=judge(samples, counts["under_min"], min_supervised, settings.max_under_min_share),
+        lengths=cut,
+        gate=judge(samples, counts["under_min"], min_supervised, settings.max_under_min_share,
+                   cut),
     )
 
 

@@ -17,6 +17,8 @@ from typing import Any, Literal
 from agents.rundir.schema import BatchLine
 
 Supervise = Literal["final", "all"]
+# The end of the reasoning in Qwen3's thinking mode: the answer follows it.
+THINK_END = "</think>"
 
 
 class RenderError(ValueError):
@@ -28,6 +30,8 @@ class Rendered:
     text: str
     # Character spans [start, end) that carry loss; the last one is the generated turn.
     spans: list[tuple[int, int]]
+    # Where the generated turn's final answer begins (after its `</think>`, if any).
+    answer_start: int = -1
 
     @property
     def generated_start(self) -> int:
@@ -44,6 +48,18 @@ class Sample:
     # A token that straddles the prompt/answer boundary: the training tokenisation of the
     # prompt differs from the one the server used.
     boundary_merge: bool
+    # Tokens before `max_length` cut them, and the first token of the final answer (after
+    # the generated turn's reasoning): a cut at or before it loses the whole answer.
+    length: int = 0
+    answer_at: int = 0
+
+    @property
+    def cut(self) -> bool:
+        return self.length > len(self.input_ids)
+
+    @property
+    def lost_answer(self) -> bool:
+        return self.cut and self.answer_at >= len(self.input_ids)
 
 
 def final_turn(line: BatchLine) -> dict[str, Any]:
@@ -116,7 +132,9 @@ def render(tokenizer: Any, line: BatchLine, supervise: Supervise = "final") -> R
         earlier = [_earlier_turn(tokenizer, line, j, full)
                    for j, m in enumerate(line.messages) if m.get("role") == "assistant"]
         spans = earlier + spans
-    return Rendered(full, spans)
+    think_end = full.rfind(THINK_END, len(prompt))
+    answer = think_end + len(THINK_END) if think_end >= 0 else len(prompt)
+    return Rendered(full, spans, answer)
 
 
 def tokenize(tokenizer: Any, rendered: Rendered, max_length: int) -> Sample:
@@ -128,6 +146,8 @@ def tokenize(tokenizer: Any, rendered: Rendered, max_length: int) -> Sample:
     spans = rendered.spans
     gen_start = rendered.generated_start
     prompt_len = len(ids)
+    answer_at = len(ids)
+    answer_start = rendered.answer_start if rendered.answer_start >= 0 else gen_start
     boundary_merge = False
     s = 0
     for t, (a, b) in enumerate(offsets):
@@ -139,5 +159,9 @@ def tokenize(tokenizer: Any, rendered: Rendered, max_length: int) -> Sample:
             boundary_merge = True
         if prompt_len == len(ids) and a >= gen_start:
             prompt_len = t
+        if answer_at == len(ids) and a >= answer_start:
+            answer_at = t
+    length = len(ids)
     ids, mask = ids[:max_length], mask[:max_length]
-    return Sample(ids, mask, min(prompt_len, len(ids)), sum(mask), boundary_merge)
+    return Sample(ids, mask, min(prompt_len, len(ids)), sum(mask), boundary_merge, length,
+                  answer_at)

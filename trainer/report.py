@@ -8,6 +8,7 @@ check for empty strings lets through.
 
 from __future__ import annotations
 
+import math
 import time
 
 import msgspec
@@ -34,6 +35,44 @@ class Gate(msgspec.Struct):
     reason: str | None
     min_supervised: int
     max_under_min_share: float
+
+
+class Lengths(msgspec.Struct):
+    """Sample lengths in tokens, before `max_length` cut them, and what the cut cost: `cut`
+    samples lost their ending (`<|im_end|>`, and the rest of the answer), `lost_answer` of
+    them the whole final answer (the cut falls in the reasoning)."""
+
+    max_length: int
+    # Set in [train] (or --max-length): the gate lets any cut through.
+    explicit: bool
+    cut: int
+    cut_share: float
+    lost_answer: int
+    p50: int
+    p90: int
+    p99: int
+    longest: int
+    # The longest sample as training sees it (after the cut): the memory plan's length.
+    longest_kept: int
+    max_cut_share: float
+
+
+def percentile(values: list[int], q: float) -> int:
+    """The nearest-rank percentile of `values` (sorted), 0 for none."""
+    if not values:
+        return 0
+    rank = max(1, math.ceil(q / 100 * len(values)))
+    return values[rank - 1]
+
+
+def lengths_of(lengths: list[int], max_length: int, explicit: bool, lost_answer: int,
+               max_cut_share: float) -> Lengths:
+    ordered = sorted(lengths)
+    cut = sum(1 for n in ordered if n > max_length)
+    return Lengths(max_length, explicit, cut, cut / len(ordered) if ordered else 0.0,
+                   lost_answer, percentile(ordered, 50), percentile(ordered, 90),
+                   percentile(ordered, 99), ordered[-1] if ordered else 0,
+                   min(ordered[-1], max_length) if ordered else 0, max_cut_share)
 
 
 class PrepareReport(msgspec.Struct):
@@ -75,6 +114,8 @@ class PrepareReport(msgspec.Struct):
     left_out: int = 0
     unnamed_batches: int = 0
     uncommitted_chunks: int = 0
+    # Lengths before the cut and what max_length cut (None in reports from before it).
+    lengths: Lengths | None = None
     created_at: float = msgspec.field(default_factory=time.time)
     v: int = REPORT_VERSION
 
@@ -113,7 +154,7 @@ class Histogram:
 
 
 def judge(samples: int, under_min: int, min_supervised: int,
-          max_under_min_share: float) -> Gate:
+          max_under_min_share: float, lengths: Lengths | None = None) -> Gate:
     if samples == 0:
         return Gate(False, "no usable samples (see problems and the truncated count)",
                     min_supervised, max_under_min_share)
@@ -125,6 +166,16 @@ def judge(samples: int, under_min: int, min_supervised: int,
             f"supervised tokens after masking (2 x block size); the limit is "
             f"{max_under_min_share:.0%} ([train] max_under_min_share). Look at the answers: "
             "empty responses still carry the template's own tokens.",
+            min_supervised, max_under_min_share)
+    if lengths is not None and not lengths.explicit and lengths.cut_share > lengths.max_cut_share:
+        return Gate(
+            False,
+            f"{lengths.cut} of {samples} samples ({lengths.cut_share:.1%}) are longer than "
+            f"max_length {lengths.max_length} tokens and would lose their ending (the rest "
+            f"of the answer and <|im_end|>; {lengths.lost_answer} the whole answer); the "
+            f"limit is {lengths.max_cut_share:.0%} ([train] max_cut_share). Lengths: p50 "
+            f"{lengths.p50}, p90 {lengths.p90}, p99 {lengths.p99}, longest {lengths.longest}. "
+            "Set [train] max_length explicitly (e.g. the p99) to train with that cut.",
             min_supervised, max_under_min_share)
     return Gate(True, None, min_supervised, max_under_min_share)
 

@@ -1,8 +1,13 @@
 """The frozen target: loading it, its features for the drafter, and its KV cache.
 
-Layer i of the target is `hidden_states[i + 1]` (index 0 is the embedding output); vLLM
-shipped an off-by-one at exactly this point. The target runs under inference mode and its
-features are cloned out of it, so that autograd may save them for the drafter's backward.
+Layer i of the target is `hidden_states[i + 1]` (index 0 is the embedding output), the
+output of decoder layer i; vLLM shipped an off-by-one at exactly this point. The target runs
+under inference mode and its features are cloned out of it, so that autograd may save them
+for the drafter's backward.
+
+For training the target is lean: only its decoder layers up to the deepest feature layer are
+built and loaded, straight onto the device (no full copy in host memory), and only the
+feature layers' outputs are kept (forward hooks), not every layer's hidden states.
 """
 
 from __future__ import annotations
@@ -21,20 +26,53 @@ class TargetError(ValueError):
     pass
 
 
-def load_target(path: str, dtype: torch.dtype, device: torch.device) -> Any:
-    from transformers import AutoModelForCausalLM
+def target_config(path: str) -> Any:
+    """The target's config.json, as transformers reads it (no weights)."""
+    from transformers import AutoConfig
 
     try:
-        model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise TargetError(f"target {path}: cannot read its config: {exc}") from None
+
+
+def load_target(path: str, dtype: torch.dtype, device: torch.device,
+                keep_layers: int | None = None) -> Any:
+    """The frozen target in `dtype`, its weights loaded straight onto `device` (safetensors
+    are read tensor by tensor: no full copy in host memory). `keep_layers`: build and load
+    only the first N decoder layers (training needs none past the deepest feature layer);
+    the model's config then says N layers, `target_config` the target's own depth."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = target_config(path)
+    text = config.get_text_config()
+    if keep_layers is not None and keep_layers < int(text.num_hidden_layers):
+        text.num_hidden_layers = keep_layers
+        if getattr(text, "layer_types", None):
+            text.layer_types = text.layer_types[:keep_layers]
+    # The layers left out are in the checkpoint: their weights are skipped, not an error.
+    quiet = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    # On a GPU each tensor goes from the file to the device (accelerate's device_map); on
+    # the CPU the device is host memory, loaded tensor by tensor all the same.
+    placed: dict[str, Any] = {} if device.type == "cpu" else {"device_map": {"": device}}
+    try:
+        model: Any = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
+                                                          **placed)
     except (OSError, ValueError) as exc:
         raise TargetError(f"target {path}: cannot load: {exc}") from None
-    model.to(device).eval()
+    finally:
+        transformers.logging.set_verbosity(quiet)
+    model.eval()
     model.requires_grad_(False)
     return model
 
 
 def num_layers(target: Any) -> int:
-    return int(target.config.num_hidden_layers)
+    """The depth of a target (a model or its config)."""
+    config = getattr(target, "config", target)
+    return int(config.get_text_config().num_hidden_layers)
 
 
 def layer_ids(target: Any, configured: list[int] | None, count: int) -> list[int]:
@@ -69,15 +107,41 @@ def select_features(hidden_states: tuple[torch.Tensor, ...], ids: list[int]) -> 
     return torch.cat([hidden_states[i + 1] for i in ids], dim=-1)
 
 
+def decoder_layers(target: Any) -> nn.ModuleList:
+    layers: nn.ModuleList = target.base_model.layers
+    return layers
+
+
 def features(target: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
              ids: list[int]) -> torch.Tensor:
-    """The target's features for a batch; nothing is kept but the selected layers."""
-    with torch.inference_mode():
-        # The base model only: the LM head's logits over the vocabulary are not needed.
-        out = target.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                output_hidden_states=True, use_cache=False)
-        feats = select_features(out.hidden_states, ids)
-    return feats.clone()
+    """The target's features for a batch ([b, S, len(ids) * H]): the outputs of decoder
+    layers `ids`, copied by forward hooks into one tensor as the layers run; no other
+    layer's hidden states are kept. Under no_grad, not inference mode: the result is an
+    ordinary tensor that autograd may save for the drafter's backward, without a copy."""
+    layers = decoder_layers(target)
+    if max(ids) >= len(layers):
+        raise TargetError(f"target layer {max(ids)}: the target was loaded with "
+                          f"{len(layers)} layers")
+    width = int(target.get_input_embeddings().weight.shape[1])
+    out = torch.empty(*input_ids.shape, len(ids) * width, device=input_ids.device,
+                      dtype=target.get_input_embeddings().weight.dtype)
+
+    def keeper(slot: int) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            h = output[0] if isinstance(output, tuple) else output
+            out[..., slot * width: (slot + 1) * width].copy_(h)
+        return hook
+
+    handles = [layers[i].register_forward_hook(keeper(slot)) for slot, i in enumerate(ids)]
+    try:
+        with torch.no_grad():
+            # The base model only: the LM head's logits over the vocabulary are not needed.
+            target.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                              use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return out
 
 
 def cache_kwarg(target: Any) -> str:
@@ -127,10 +191,4 @@ def choose_mask_token(configured: int | None, tokenizer: Any, embedding_rows: in
 
 def target_facts(path: str) -> TargetFacts:
     """The target's depth, width and vocabulary from its config alone (no weights)."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise TargetError(f"target {path}: cannot read its config: {exc}") from None
-    return TargetFacts.of(config)
+    return TargetFacts.of(target_config(path))

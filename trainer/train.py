@@ -65,6 +65,7 @@ from trainer.target import (
     layer_ids,
     lm_head,
     load_target,
+    target_config,
 )
 
 log = logging.getLogger("fleetdeck.train")
@@ -75,7 +76,8 @@ class TrainInputError(ValueError):
 
 
 class GateRefused(RuntimeError):
-    """The prepared data set failed the quality gate (exit 1)."""
+    """The prepared data set failed the quality gate, or the run does not fit the GPUs'
+    memory (exit 1)."""
 
 
 RESUME_HINT = "the job stops; `resume` on every node goes on from rank 0's last checkpoint"
@@ -101,6 +103,8 @@ class TrainOptions:
     # Steps to run in this invocation before checkpointing and stopping (then --resume).
     steps: int | None = None
     max_steps: int | None = None
+    # Train even where the memory plan says the run does not fit.
+    allow_unfit: bool = False
 
 
 def warmup_cosine(total: int, warmup_ratio: float) -> Callable[[int], float]:
@@ -177,18 +181,22 @@ class Trainer:
         self.device = d.device
         self.dtype = resolve_dtype(cfg.dtype, d.device)
         self._check_prepared()
+        plan_shards = self._check_memory()
         self.train_set = ShardSet(self.paths.prepared, "train")
         self.heldout = ShardSet(self.paths.prepared, "heldout")
         self._agree_on_data()
-        self.target = load_target(self.paths.target, self.dtype, self.device)
+        config = target_config(self.paths.target)
+        ids = layer_ids(config, cfg.target_layer_ids, cfg.target_features)
+        # Lean: no layer past the deepest feature layer is loaded or run.
+        self.target = load_target(self.paths.target, self.dtype, self.device,
+                                  keep_layers=max(ids) + 1)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.paths.tokenizer)
         rows = int(self.target.get_input_embeddings().weight.shape[0])
         self.settings = DFlashSettings(
-            cfg.block_size, choose_mask_token(cfg.mask_token_id, tok, rows),
-            layer_ids(self.target, cfg.target_layer_ids, cfg.target_features))
-        self.drafter_cfg = drafter_config(self.target.config, cfg.drafter_layers, self.settings)
+            cfg.block_size, choose_mask_token(cfg.mask_token_id, tok, rows), ids)
+        self.drafter_cfg = drafter_config(config, cfg.drafter_layers, self.settings)
         self.anchor_rule = anchor_rule(cfg)
         self.attention = attention_for(self.device)
         self.seq_bucket = SEQ_BUCKET if self.attention == "flex" else 1
@@ -204,7 +212,8 @@ class Trainer:
                              opts.max_steps or cfg.max_steps)
         try:
             params = sum(p.numel() for p in self.drafter.parameters())
-            self.sharded = sharding.decide(cfg.shard, params, d)
+            self.sharded = sharding.decide(cfg.shard, params, d) or (
+                plan_shards and cfg.shard == "auto")
         except sharding.ShardError as exc:
             raise TrainInputError(str(exc)) from None
         if self.sharded:
@@ -255,6 +264,34 @@ class Trainer:
             raise TrainInputError(
                 f"{path}: prepared for block_size {report.block_size}, but [train] "
                 f"block_size is {self.cfg.block_size}; run prepare again")
+
+    def _check_memory(self) -> bool:
+        """Refuse, with the plan's table, a run whose peak per rank exceeds the GPU's memory
+        (trainer/memplan.py); nothing to judge on the CPU unless [train] gpu_mem_gib. True
+        when the plan finds that only the sharded layout fits: `shard = "auto"` then shards
+        (and is judged sharded)."""
+        from trainer.memplan import MemoryPlanError, plan_run
+
+        sharded = self.cfg.shard == "always" and self.d.enabled
+        bf16 = self.dtype == torch.bfloat16
+        try:
+            fit = plan_run(self.spec, self.cfg, self.d.world, sharded=sharded, bf16=bf16)
+            only_sharded = fit.needs_sharding and self.cfg.shard == "auto"
+            if only_sharded:
+                fit = plan_run(self.spec, self.cfg, self.d.world, sharded=True, bf16=bf16)
+        except MemoryPlanError as exc:  # a hub id: no config.json to read before loading
+            log.warning("no memory plan: %s", exc)
+            return False
+        if fit.fits is False:
+            if self.opts.allow_unfit or self.cfg.allow_unfit:
+                log.warning("the memory plan says this run does not fit; training anyway "
+                            "(allow_unfit):\n%s", fit.table())
+                return False
+            raise GateRefused(f"the run does not fit the GPU's memory (override: "
+                              f"[train] allow_unfit or --allow-unfit):\n{fit.table()}")
+        if self.d.main:
+            log.info("%s", fit.table())
+        return only_sharded
 
     def _agree_on_data(self) -> None:
         """Every node prepared its own shards from the same data: they must be the same size,
@@ -416,7 +453,8 @@ class Trainer:
         anchors = self._anchors(batch, rows, salt)
         with autocast(self.device, self.dtype):
             return block_loss(model, self.embed, self.head, feats, batch, anchors,
-                              self.settings.mask_token_id, self.weights, self.attention)
+                              self.settings.mask_token_id, self.weights, self.attention,
+                              self.cfg.loss_chunk)
 
     def train_step(self) -> BlockStats:
         self.model.train()

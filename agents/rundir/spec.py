@@ -209,6 +209,10 @@ class QueueSection(msgspec.Struct, forbid_unknown_fields=True):
         return min(self.poll_s, self.lease_s / 4)
 
 
+# The paper's and SpecForge's sequence length, [train] max_length's default.
+DEFAULT_MAX_LENGTH = 3072
+
+
 class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     """[train]: a DFlash drafter trained on completion batches (see docs/trainer.md).
 
@@ -227,7 +231,10 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     # Data preparation: which assistant turns carry loss, and the quality gate.
     supervise: Literal["final", "all"] = "final"
     keep_truncated: bool = False
-    max_length: int = 3072
+    # Tokens per sample (None: DEFAULT_MAX_LENGTH, and the gate refuses a set where more than
+    # max_cut_share of the samples would lose their ending to it; set explicitly, it does not).
+    max_length: int | None = None
+    max_cut_share: float = 0.05
     max_under_min_share: float = 0.2
     heldout_share: float = 0.01
     # The drafter.
@@ -243,6 +250,8 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     batch_size: int = 4
     grad_accum: int = 1
     anchors: int = 512
+    # Labelled positions per chunk of the LM head in the loss (its logits are never whole).
+    loss_chunk: int = 1024
     # Where an anchor may sit: on any supervised token whose next token is supervised too
     # (SpecForge's rule; the block's part past the answer's end carries no loss), or only
     # where a whole block fits ("whole_block", the old rule).
@@ -257,6 +266,10 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     seed: int = 0
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"
     nproc: int = 1
+    # GiB of memory per GPU for the memory plan (None: the device's own; on the CPU, none).
+    gpu_mem_gib: float | None = None
+    # Train even where the memory plan says the run does not fit (`train --allow-unfit`).
+    allow_unfit: bool = False
     # The drafter's weights, gradients and AdamW state across processes: replicated (DDP,
     # "never"), sharded (FSDP2, "always"), or sharded where replicating would crowd a GPU
     # ("auto", trainer/sharding.py).
@@ -560,7 +573,8 @@ def _check_pages(alerts: AlertsSection, fail: Callable[[str, str], None]) -> Non
 
 def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
     at_least_one = {
-        "max_length": train.max_length,
+        "max_length": DEFAULT_MAX_LENGTH if train.max_length is None else train.max_length,
+        "loss_chunk": train.loss_chunk,
         "drafter_layers": train.drafter_layers,
         "target_features": train.target_features,
         "epochs": train.epochs,
@@ -583,7 +597,10 @@ def _check_train(train: TrainSection, fail: Callable[[str, str], None]) -> None:
              f"must be at least 2 (an anchor and a mask), got {train.block_size}")
     if train.max_steps is not None and train.max_steps < 1:
         fail("[train] max_steps", f"must be at least 1, got {train.max_steps}")
+    if train.gpu_mem_gib is not None and train.gpu_mem_gib <= 0:
+        fail("[train] gpu_mem_gib", f"must be positive, got {train.gpu_mem_gib}")
     for key, share in (("max_under_min_share", train.max_under_min_share),
+                       ("max_cut_share", train.max_cut_share),
                        ("heldout_share", train.heldout_share),
                        ("warmup_ratio", train.warmup_ratio)):
         if not 0.0 <= share <= 1.0:

@@ -402,7 +402,8 @@ class Supervisor:
         if train is None and self.train_proc is not None and self.train_proc.poll():
             status = "failed"
             self.message = (f"the training job exited with {self.train_proc.returncode} "
-                            "before training (the quality gate?): see logs/train.log")
+                            "before training (the quality gate or the memory plan?): see "
+                            "logs/train.log")
         elif self.job_refused:
             status = "failed"  # not the last engine's word in progress.json: this one refused
         elif self.preparing_job:

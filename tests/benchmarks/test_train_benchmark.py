@@ -19,3 +19,12 @@ def test_train() -> None:
     # A variant that fails is printed, not raised: each of the four must have run.
     assert " failed: " not in out, out
     ratios(out, rf"memory x{NUM}, speed x{NUM}", count=8)
+
+
+def test_loss() -> None:
+    """The chunked loss against the one-piece loss, at a vocab of 8,192 and 4 anchors (the
+    figure that counts is at 151,936: benchmarks/README.md)."""
+    out = run_bench("loss.py", "--vocab", "8192", "--anchors", "4", "--hidden", "64",
+                    "--chunk", "16", "--repeats", "1")
+    ratios(out, rf"memory x{NUM}, speed x{NUM}", count=2)
+    assert "same loss and gradient" in out, out

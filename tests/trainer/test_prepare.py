@@ -177,3 +177,59 @@ def test_reads_batches_from_s3(tmp_path: Path, random_world: World, s3: S3Server
     local = prepare(PrepareSettings(str(tmp_path / "data"), str(random_world.target),
                                     tmp_path / "local"))
     assert (rep["samples"], rep["tokens"]) == (local.samples, local.tokens)
+
+
+def long_tailed(seed: int = 4) -> list[dict[str, Any]]:
+    """40 answers, 10 longer than 3,072 tokens (the reference run had about a quarter): 5
+    whose reasoning alone passes the cut (the answer is lost whole), 5 without reasoning
+    (only the answer's end and <|im_end|> are lost)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(40):
+        msgs = [{"role": "user", "content": "repeat " + words(rng, 4)}]
+        if i < 5:
+            out.append(batch_line(i, msgs, words(rng, 50), reasoning=words(rng, 3200),
+                                  kwargs={}))
+        elif i < 10:
+            out.append(batch_line(i, msgs, words(rng, 3200)))
+        else:
+            out.append(batch_line(i, msgs, words(rng, rng.randint(40, 200))))
+    return out
+
+
+def test_gate_refuses_a_set_whose_endings_the_default_max_length_cuts(
+        tmp_path: Path, random_world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    write_batches(tmp_path / "data", long_tailed())
+    spec = spec_for(tmp_path, random_world, str(tmp_path / "data"))
+    r = cli(capsys, "prepare", str(spec))
+    assert r.returncode == 1, r.stderr
+    assert ("10 of 40 samples (25.0%) are longer than max_length 3072 tokens and would lose "
+            "their ending") in r.stderr
+    assert "5 the whole answer" in r.stderr and "[train] max_cut_share" in r.stderr
+    rep = json.loads(r.stdout)
+    lengths = rep["lengths"]
+    assert lengths["cut"] == 10 and lengths["lost_answer"] == 5
+    assert lengths["cut_share"] == pytest.approx(0.25) and lengths["explicit"] is False
+    assert lengths["p50"] < 300 < 3072 < lengths["p90"] <= lengths["longest"]
+    assert lengths["longest"] > 3200 and lengths["longest_kept"] == 3072
+    assert not list((tmp_path / "run" / "prepared").glob("*.arrow"))
+    # Set explicitly, the same cut is the user's choice: reported, not refused.
+    r = cli(capsys, "prepare", str(spec), "--max-length", "3072")
+    assert r.returncode == 0, r.stderr
+    lengths = json.loads(r.stdout)["lengths"]
+    assert lengths["explicit"] is True and lengths["cut"] == 10
+    train = ShardSet(tmp_path / "run" / "prepared", "train")
+    assert max(len(train.row(i).input_ids) for i in range(len(train))) == 3072
+
+
+def test_a_cut_under_max_cut_share_passes_with_its_figures(tmp_path: Path,
+                                                           random_world: World) -> None:
+    lines = long_tailed()[8:]  # 2 of 32 cut: 6.25%, over 5%; 10% allowed here
+    write_batches(tmp_path / "data", lines)
+    report = prepare(PrepareSettings(str(tmp_path / "data"), str(random_world.target),
+                                     tmp_path / "out", max_cut_share=0.1))
+    assert report.gate.passed and report.lengths is not None
+    assert report.lengths.cut == 2 and report.lengths.lost_answer == 0
+    refused = prepare(PrepareSettings(str(tmp_path / "data"), str(random_world.target),
+                                      tmp_path / "out2"))
+    assert not refused.gate.passed and "2 of 32 samples (6.2%)" in (refused.gate.reason or "")

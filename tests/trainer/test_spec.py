@@ -31,6 +31,14 @@ def spec(tmp_path: Path, train: str, kind: str = "train") -> Path:
     ('[train]\ndata = "d"\ntarget = "t"\nlr = "fast"\n', "[train] lr"),
     ('[train]\ndata = "d"\ntarget = "t"\nepoch = 3\n', "unknown field `epoch`"),
     ('[train]\ndata = "s3://"\ntarget = "t"\n', "[train] data"),
+    ('[train]\ndata = "d"\ntarget = "t"\nloss_chunk = 0\n',
+     "[train] loss_chunk: must be at least 1"),
+    ('[train]\ndata = "d"\ntarget = "t"\nmax_length = 0\n',
+     "[train] max_length: must be at least 1"),
+    ('[train]\ndata = "d"\ntarget = "t"\nmax_cut_share = 1.5\n',
+     "[train] max_cut_share: must be between 0 and 1"),
+    ('[train]\ndata = "d"\ntarget = "t"\ngpu_mem_gib = -80\n',
+     "[train] gpu_mem_gib: must be positive"),
 ])
 def test_bad_train_sections_name_the_key(tmp_path: Path, body: str, message: str) -> None:
     path = spec(tmp_path, body)
