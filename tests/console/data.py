@@ -210,3 +210,66 @@ def log_reply() -> dict[str, Any]:
     return {"path": "/runs/qwen3-distill/logs/generate.log", "size": len(body),
             "lines": lines, "next_before": None, "inode": 1, "next_from": len(body),
             "unfinished": False}
+
+
+def history_items_hours(hours: float = 6.0, step_s: float = 60.0) -> list[dict[str, Any]]:
+    """History as the node's store serves a long span: a sample per `step_s` over `hours`
+    ending at NOW. Throughput climbs as the tuner settles in the first hour, halves for 40
+    minutes (server 3 down) two hours before NOW, and failures come in that outage."""
+    n = int(hours * 3600 / step_s)
+    items = []
+    failed = 200
+    for i in range(n):
+        age_s = (n - 1 - i) * step_s
+        ramp = min(1.0, 0.6 + 0.4 * i * step_s / 3600)
+        down = 2 * 3600 <= age_s < 2 * 3600 + 2400
+        failed += 25 if down else (i % 5 == 0)
+        servers = {str(s): {"tok_per_s": 0.0 if down and s == 3 else
+                            (2000.0 + 9 * ((i * 5 + s) % 13)) * ramp * (0.8 if down else 1.0),
+                            "accept_length": 2.8 + 0.25 * i / n + 0.01 * s}
+                   for s in range(7)}
+        items.append({"updated_at": NOW - age_s, "rate_per_sec": 14.0 * ramp
+                      * (0.55 if down else 1.0), "failed": failed, "servers": servers})
+    return items
+
+
+def recorded_history(n: int = 120) -> list[dict[str, Any]]:
+    """A finished run's history.jsonl as the engine wrote it: n progress samples 10 s apart
+    from T0; server 3 restarts a third of the way in (no answers for 2 minutes, failures
+    then); accept length drifts up; the last sample is the run done."""
+    items = []
+    completed, failed, out_tokens = 0, 0, 0
+    per_server = [0] * 7
+    failed_per = [0] * 7
+    for i in range(n):
+        restarting = n // 3 <= i < n // 3 + 12
+        done = i == n - 1
+        rate = 14.2 + 0.6 * ((i * 7) % 5) / 4 - (2.1 if restarting else 0.0)
+        servers = {}
+        for g in range(7):
+            down = restarting and g == 3
+            share = 0.0 if down else rate / (6 if restarting else 7)
+            per_server[g] += int(share * 10)
+            failed_per[g] += 4 if down else (i % 9 == g)
+            servers[str(g)] = {
+                "url": f"http://127.0.0.1:{30000 + g}", "state": "restarting" if down
+                else "healthy", "in_flight": 0 if down or done else 40, "limit": 40,
+                "completed": per_server[g], "failed": failed_per[g],
+                "req_per_s": 0.0 if done else round(share, 3),
+                "tok_per_s": 0.0 if down or done else 2230.0 + 15 * ((i + g) % 6),
+                "accept_length": round(2.9 + 0.003 * i + 0.01 * g, 3),
+                "last_error": "ReadTimeout: no answer within 600 s" if down else None}
+        completed, failed = sum(per_server), sum(failed_per)
+        out_tokens += int(rate * 10 * 1800)
+        items.append(progress(
+            total=17_500, completed=completed, failed=failed, servers=servers,
+            rate_per_sec=0.0 if done else rate,
+            eta_hours=None if done else (17_500 - completed) / rate / 3600, eta_p10_hours=None,
+            eta_p90_hours=None, elapsed_hours=i * 10 / 3600, total_output_tokens=out_tokens,
+            total_input_tokens=completed * 256, avg_output_tokens=1800.0,
+            truncated=completed * 6 // 100, empty=completed // 250, retried=failed // 2,
+            updated_at=T0 + 10 * i, status="done" if done else "running",
+            in_flight=0 if done else 268, s3_uploaded=completed // 100, s3_pending=0,
+            s3_bytes=completed // 100 * 4_300_000, batches_closed=completed // 100, cost=None,
+            gpu_hours=7 * i * 10 / 3600))
+    return items

@@ -1,6 +1,7 @@
 """Snapshot tests of the fleet, generation-node and training-node screens, the modals, the
-decommission screen, the read-only footer and the command palette, with fixed data: no links,
-hand-written snapshots, a frozen clock and a fixed terminal size."""
+decommission screen, the read-only footer, the command palette, the fleet sorted and filtered,
+the sparklines over 6 hours and the replay, with fixed data: no links, hand-written snapshots,
+a frozen clock and a fixed terminal size."""
 
 from __future__ import annotations
 
@@ -8,18 +9,25 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from rich.text import Text
 from textual.command import CommandList, CommandPalette
 from textual.widgets import Input, Static
 
 from agents.rundir.schema import FailureSummary
 from console.artifacts.decommission import Checklist, Item
 from console.artifacts.pull import PullProgress
+from console.replay import load
 from console.tui.app import FleetdeckApp
+from console.tui.messages import HistoryFetched
+from console.tui.replay import ReplayApp, ReplayBar
 from console.tui.screens.decommission import DecommissionScreen
 from console.tui.screens.failures import FailuresScreen
 from console.tui.screens.node import GenerateScreen, TrainScreen
 from console.tui.widgets.confirm import ConfirmModal
+from console.tui.widgets.fleet_table import FleetTable
+from console.tui.widgets.graphs import HistoryGraphs
 from console.tui.widgets.hostkey import HostKeyModal
+from console.tui.widgets.live_static import LiveStatic
 from console.tui.widgets.prompt import ValueModal
 from console.tui.widgets.retry import RetryModal
 from tests.console import data as d
@@ -109,11 +117,60 @@ def test_generation_log_pane_search(snap_compare: Any) -> None:
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
 
 
+def test_generation_sparklines_over_6_hours(snap_compare: Any) -> None:
+    """`h` once: the sparklines titled 'last 6 h', drawn from 6 hours of history a minute a
+    point (as the node's store serves that span; the fetch's answer is posted as the worker
+    posts it, there being no link)."""
+    async def run_before(pilot: Any) -> None:
+        await quiet_gen(pilot)
+        app: FleetdeckApp = pilot.app
+        hist = app.fetched["gen-1"].history
+        graphs = app.screen.query_one(HistoryGraphs)
+        await pilot.press("h")
+        await until(pilot, lambda: hist.span == "6h", 60, "the span cycled to 6 h")
+        app.post_message(HistoryFetched("gen-1", d.history_items_hours(), "6h", 60.0))
+        await until(pilot, lambda: hist.loaded and len(hist.points) == 360, 60,
+                    "6 hours of points")
+        app.redraw()
+        await until(pilot, lambda: graphs.border_title == "last 6 h", 60, "the span titled")
+        await pilot.pause()
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
 def test_training_screen(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await feed(pilot)
         await pilot.press("down", "down", "enter")  # train-1
         await shown(pilot, TrainScreen)
+
+    assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_fleet_sorted_and_filtered(snap_compare: Any) -> None:
+    """Sorted by rate, fastest first (`o` six times: node, role, run, status, progress, rate;
+    then `O`), and filtered by `/` then 'gen': the training node is out, gen-3 (the fastest,
+    below gen-1 in the fleet file) first, gen-2 (paused, 0/s) last; the bar says both."""
+    async def run_before(pilot: Any) -> None:
+        await feed(pilot)
+        app: FleetdeckApp = pilot.app
+        app.ingest("gen-3", d.generate_snapshot(run="old-run", alerts=[], progress=d.progress(
+            run="old-run", rate_per_sec=17.92, completed=702_113, eta_hours=3.27,
+            eta_p10_hours=2.9, eta_p90_hours=3.8)))
+        app.state.nodes["gen-3"].received_at = d.NOW - 42
+        app.state.set_link("gen-3", "reconnecting", "connection lost")
+        await quiet(pilot)
+        table = app.screen.query_one(FleetTable)
+        await pilot.press(*"oooooo", "O")
+        await pilot.press("slash", *"gen")
+        await until(pilot, lambda: [str(r.key.value) for r in table.ordered_rows]
+                    == ["gen-3", "gen-1", "gen-2"], 60, "the gen nodes by rate, fastest first")
+        bar = app.screen.query_one("#fleet-bar", LiveStatic).content
+        assert isinstance(bar, Text)
+        assert "3 of 4 shown, filter: gen · sorted by Rate ↓" in bar.plain, bar.plain
+        for field in app.screen.query(Input):
+            field.cursor_blink = False
+        await pilot.pause()
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
 
@@ -263,3 +320,33 @@ def test_command_palette(snap_compare: Any) -> None:
         await pilot.pause()
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_replay(snap_compare: Any, tmp_path: Path) -> None:
+    """`fleetdeck replay` on a pulled run's fixed history (120 samples, 10 s apart), the cursor
+    moved 90 samples on (`>` three times): the node's screen as it was then, server 3
+    restarting, the sparklines up to the cursor, the replay bar saying where it stands."""
+    pulled = tmp_path / "pulls" / "gen-1" / "qwen-traces"
+    pulled.mkdir(parents=True)
+    (pulled / "history.jsonl").write_text("".join(
+        msgspec.json.encode(item).decode() + "\n" for item in d.recorded_history()))
+    rec = load(pulled.parent)
+    assert rec.node == "gen-1" and len(rec.samples) == 120
+    rec.run_dir = Path("/home/op/fleetdeck-pulls/gen-1/qwen-traces")  # not the temp path
+    app = ReplayApp(rec)
+    app.animation_level = "none"
+    lasting(app)
+
+    def bar() -> str:
+        found = app.screen.query(ReplayBar)
+        return str(found.first().render()) if found else ""
+
+    async def run_before(pilot: Any) -> None:
+        await until(pilot, lambda: on_screen(app, GenerateScreen) and "sample 1/120" in bar(),
+                    60, "the node's screen at the first sample")
+        await pilot.press(*["greater_than_sign"] * 3)
+        await until(pilot, lambda: "sample 91/120" in bar() and "paused" in bar(), 60,
+                    "the cursor 90 samples on")
+        await quiet(pilot)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

@@ -115,8 +115,10 @@ class FleetScreen(View):
         bar.append(" fleetdeck ", style="bold reverse")
         live = sum(1 for n in nodes if n.link == "connected")
         bar.append(f"  {len(ctx.state.nodes)} nodes · {live} connected")
-        bar.append(fleet_figures(list(nodes)))
+        # The filter and sort before the figures: a narrow terminal cuts the line's end, and
+        # a filter hiding nodes must never be cut.
         bar.append(order_line(table.order, table.shown, len(ctx.state.nodes)))
+        bar.append(fleet_figures(list(nodes)))
         alerts: list[tuple[str, Alert]] = [(n.name, a) for n in nodes
                                            if n.snapshot is not None for a in n.snapshot.alerts]
         if alerts:
