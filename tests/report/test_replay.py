@@ -21,7 +21,13 @@ SIZE = (160, 48)
 
 
 def samples(run_dir: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    """The recorded samples, one per moment: the engine's last sample when it ends may repeat
+    the one before it (same `updated_at`), and replay keeps one sample per moment, the last."""
+    by_time: dict[float, dict[str, object]] = {}
+    for line in (run_dir / "history.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        by_time[float(item["updated_at"])] = item
+    return [by_time[t] for t in sorted(by_time)]
 
 
 def bar(app: ReplayApp) -> str:
