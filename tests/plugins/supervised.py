@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,46 @@ def wait_status(run_dir: Path, cond: Callable[[dict[str, Any]], bool], timeout: 
         return False
 
     wait_until(check, timeout, what, interval=0.2)
+    return seen
+
+
+def wait_progressing(cond: Callable[[], bool], progress: Callable[[], object], stall_s: float,
+                     what: str, cap_s: float = 3600.0, interval: float = 0.5) -> None:
+    """Poll cond until true, for as long as the work moves: fail when `progress()` (a count of
+    lines done, say) has not changed for stall_s, or past cap_s in all. A run's length on a
+    real CPU server scales with the box's load (a CPU hog beside it doubled it); a stall does
+    not, so that is what a test waiting for a run's end judges."""
+    start = moved = time.monotonic()
+    last = progress()
+    while not cond():
+        now = time.monotonic()
+        seen = progress()
+        if seen != last:
+            last, moved = seen, now
+        if now - moved > stall_s:
+            raise TimeoutError(f"{what}: no progress for {stall_s:.0f} s (stuck at {last!r})")
+        if now - start > cap_s:
+            raise TimeoutError(f"{what}: not ready after {cap_s:.0f} s, still moving")
+        time.sleep(interval)
+
+
+def wait_run(run_dir: Path, cond: Callable[[dict[str, Any]], bool], stall_s: float,
+             what: str) -> dict[str, Any]:
+    """wait_status for a condition that comes with the run's progress: judged by a stall of
+    its lines done and failed, not by the clock (wait_progressing)."""
+    seen: dict[str, Any] = {}
+
+    def check() -> bool:
+        snap = rpc_status(run_dir)
+        seen.clear()
+        seen.update(snap)
+        return bool(cond(snap))
+
+    def moved() -> object:
+        p = seen.get("progress") or {}
+        return (p.get("completed"), p.get("failed"))
+
+    wait_progressing(check, moved, stall_s, what)
     return seen
 
 
