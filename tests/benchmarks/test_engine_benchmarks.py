@@ -5,6 +5,8 @@ test_console_benchmarks.py and training's in test_train_benchmark.py: three file
 
 from __future__ import annotations
 
+import re
+
 from tests.benchmarks.smoke import ratios, run_bench
 
 NUM = r"(\d+(?:\.\d+)?)"
@@ -72,3 +74,12 @@ def test_queue_campaign() -> None:
     (heads,) = ratios(out, rf"ratio verify bytes read / batch bytes: {NUM}x")
     (deep,) = ratios(out, rf"ratio verify deep=1.0 bytes read / batch bytes: {NUM}x")
     assert heads < 1 <= deep, out
+
+
+def test_powerloss() -> None:
+    """The torture at full size has a smoke size too (it needs FUSE, as tests/powerloss/
+    does): a few cuts of pull's and the engine's recordings, every total exact."""
+    out = run_bench("powerloss.py", "--cuts", "4", "--only", "pull,engine", "--per-kind", "1")
+    found = re.search(r"(\d+) cuts in all, (\d+) lost, (\d+) doubled, every total exact", out)
+    assert found is not None, out
+    assert int(found.group(1)) > 0 and found.group(2) == found.group(3) == "0", out
