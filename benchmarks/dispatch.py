@@ -62,6 +62,9 @@ async def main():
                     async with sessions[i % len(sessions)].post("/v1/chat/completions", json={
                             "model": "default", "messages": messages(line),
                             "max_tokens": 256}) as r:
+                        if r.status != 200:  # no retry: said plainly, and the run fails
+                            raise SystemExit(f"index {i}: HTTP {r.status} from {r.url}: "
+                                             f"{(await r.text())[:300]}")
                         d = await r.json()
                     break
                 except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
@@ -104,19 +107,23 @@ def timed(cmd: list[str], env: dict[str, str] | None = None,
     since the start and the pid while the process runs, and returns how long to wait until
     it is called again."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    pid = 0
-    while poll is not None and not pid:
-        time.sleep(poll(time.perf_counter() - t, proc.pid))
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-    if not pid:
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        shown = " ".join(c if len(c) < 80 else f"{c[:60]}..." for c in cmd[:4])
-        raise SystemExit(f"{shown} exited {proc.returncode}")
+    # stderr kept (in a file: a pipe nobody reads would block the child) for a failure's why.
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        pid = 0
+        while poll is not None and not pid:
+            time.sleep(poll(time.perf_counter() - t, proc.pid))
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if not pid:
+            _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            shown = " ".join(c if len(c) < 80 else f"{c[:60]}..." for c in cmd[:4])
+            err.seek(0)
+            tail = err.read().decode(errors="replace").strip().splitlines()[-4:]
+            raise SystemExit(f"{shown} exited {proc.returncode}"
+                             + "".join(f"\n  | {line}" for line in tail))
     return usage.ru_utime + usage.ru_stime, wall
 
 
