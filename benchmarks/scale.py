@@ -15,11 +15,16 @@ is held ~25 s. Three phases, each against the same simulators in the same run:
    the first request a simulator sees, and the worst loop stall until it is done;
 3. router: phase 1 through SGLang's router (`sglang-router`; `[servers] router = true`),
    the one URL both clients send to, at as many in flight as the open-files limit lets the
-   router hold (two sockets a request).
+   router hold (two sockets a request); started with ROUTER_ARGS, and a new one (after the
+   simulators are idle) at half the count while a client fails.
 
-Target: the engine's worst loop stall <= 50 ms at any time. The soft open-files limit is
-raised to the hard one at start (a socket per request, at both ends, and the router's two).
-Beside each engine run an idle process runs the same probe: the stalls the box alone causes.
+Target: the engine's own share of its worst loop stall <= 50 ms at any time: the stall by the
+clock less the time its loop thread waited for a CPU in it (the probe reads
+/proc/thread-self/schedstat; on a shared box most of a long stall is that wait). Printed
+beside it: the stall by the clock, the loop's CPU and its wait in that tick, and an idle
+process beside the engine running the same probe (the stalls the box alone causes; its own
+share, ~0, checks the method). The soft open-files limit is raised to the hard one at start
+(a socket per request, at both ends, and the router's two).
 --trace-stalls runs the engine with benchmarks/stalls.py's sampler: where its stalls come from.
 
     .venv/bin/python benchmarks/scale.py [--in-flight 10000] [--servers 4] [--rate 400]
@@ -78,6 +83,7 @@ async def main():
     print(probe.worst_ms, len(probe.over), probe.worst_own_ms, flush=True)
 asyncio.run(main())
 """
+ENGINE_ONLY = False  # --engine-only: no naive client (its ratios are then not printed)
 TRACE = False  # --trace-stalls: the engine with benchmarks/stalls.py's sampler
 ENGINE_SET: dict[str, Any] = {}  # --set KEY=VALUE: [generate] settings of every engine run
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -276,12 +282,15 @@ def fresh(root: Path, label: str, urls: list[str], sims: list[SimHandle], per_ur
     for r in range(rounds):
         out = root / f"{label}-aiohttp-{r}.jsonl"
         watch = Watch(sims)
-        cpu, wall = timed([sys.executable, "-c", AIOHTTP.replace(
-            '"max_tokens": 256', f'"max_tokens": {max_tokens}'), json.dumps(
-            [urls, str(prompts), str(out), per_url])], poll=watch)
-        if completed(out) != n:
-            raise SystemExit(f"aiohttp: {completed(out):,} of {n:,} lines")
-        figures["aiohttp"].add(cpu, wall, n, watch, count)
+        if ENGINE_ONLY:
+            out.touch()
+        else:
+            cpu, wall = timed([sys.executable, "-c", AIOHTTP.replace(
+                '"max_tokens": 256', f'"max_tokens": {max_tokens}'), json.dumps(
+                [urls, str(prompts), str(out), per_url])], poll=watch)
+            if completed(out) != n:
+                raise SystemExit(f"aiohttp: {completed(out):,} of {n:,} lines")
+            figures["aiohttp"].add(cpu, wall, n, watch, count)
         out.unlink()
         (root / f"{label}-{r}").mkdir()
         spec = engine_spec(root / f"{label}-{r}" / "run.toml", prompts, urls, per_url,
@@ -328,10 +337,15 @@ def via_router(root: Path, urls: list[str], sims: list[SimHandle], through: int,
 
 def report(label: str, count: int, figures: dict[str, Figures]) -> None:
     base, eng = figures["aiohttp"], figures["engine"]
-    print(base.line("aiohttp"))
+    if base.cpu:
+        print(base.line("aiohttp"))
     print(eng.line("engine"))
     notes = ", ".join(f"{k} {v:,}" for k, v in eng.notes.items())
     print(f"engine: at most {eng.in_flight:,} in flight by its own count; {notes}")
+    if not base.cpu:  # --engine-only
+        print(eng.stall_line(label))
+        print(eng.idle_line())
+        return
     whole = statistics.median(eng.cpu) / statistics.median(base.cpu)
     if eng.cpu_held and base.cpu_held:
         ratio = statistics.median(eng.cpu_held) / statistics.median(base.cpu_held)
@@ -404,11 +418,13 @@ def main() -> None:
     ap.add_argument("--trace-stalls", action="store_true",
                     help="sample the engine's stack in its stalls (benchmarks/stalls.py; "
                     "costs it CPU: its figures are then not the engine's)")
+    ap.add_argument("--engine-only", action="store_true",
+                    help="leave out the naive client: the engine's figures and stalls alone")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
                     help="a [generate] setting for every engine run (e.g. hedge=false)")
     args = ap.parse_args()
-    global TRACE
-    TRACE = args.trace_stalls
+    global TRACE, ENGINE_ONLY
+    TRACE, ENGINE_ONLY = args.trace_stalls, args.engine_only
     for item in args.set:
         key, _, value = item.partition("=")
         ENGINE_SET[key] = json.loads(value)
