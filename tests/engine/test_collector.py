@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 import weakref
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from agents.engine.collector import YOUNG_S, Collector, resident_bytes, settle_heap
+from agents.engine.progress import progress_of
+from agents.engine.run import Engine, event_loop_runner
+from agents.rundir.spec import load_spec
+from tests.engine.runs import write_prompts, write_spec
 
 
 class Node:
@@ -101,3 +108,61 @@ async def test_old_cycles_are_freed_when_memory_grows(gc_settings: None) -> None
         assert collector.full_collections >= 1
     finally:
         task.cancel()
+
+
+# -- no cycles to collect: what the engine's requests leave behind is freed by refcount ---------
+
+SCALE = 0.02  # wall seconds per simulated second
+
+
+def test_a_run_with_hedges_and_deadline_misses_leaves_no_cycles(
+        tmp_path: Path, sims, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With full collections deferred while many requests are in flight, a cycle per request
+    is what they would pile up (at 10,000 in flight, 223,070 objects and a 2.1 s collection at
+    the tail, from the copies hedges and deadlines ended: the task kept its exception, whose
+    traceback held a frame that held the task). The engine runs here on its own loop (uvloop)
+    with the collector off: every object its requests made must be freed by reference
+    counting alone. (asyncio's own loop leaves a cycle per closed connection, its transport's
+    bound read callback: not the engine's loop, and per connection, not per request.)"""
+    servers = [sims("--time-scale", SCALE, "--seed", 0, "--hang-rate", "0.02"),
+               sims("--time-scale", SCALE, "--seed", 1, "--slow-factor", "6"),
+               sims("--time-scale", SCALE, "--seed", 2, "--hang-rate", "0.02",
+                    "--error-rate", "0.1")]
+    n = 400
+    prompts = tmp_path / "prompts.jsonl"
+    write_prompts(prompts, n)
+    spec = write_spec(tmp_path / "run.toml", prompts, [s.url for s in servers],
+                      max_tokens=512, concurrency_per_server=16,
+                      request_timeout_s=3600 * SCALE, min_deadline_s=0.5)
+    engine = Engine(load_spec(spec))
+
+    async def off() -> None:  # not even young collections: they would free young cycles
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(engine.collector, "run", off)
+    log = logging.getLogger("fleetdeck")
+    handlers = list(log.handlers)
+    try:
+        engine.prepare()
+        gc.collect()
+        gc.disable()
+        try:
+            assert event_loop_runner()(engine.run(install_signals=False)) == 0
+            p = progress_of(engine)
+            del engine  # its requests' state: freed now, or garbage below
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            found = gc.collect()
+            kinds = Counter(type(o).__qualname__ for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+    finally:
+        for h in set(log.handlers) - set(handlers):
+            log.removeHandler(h)
+            h.close()
+    assert p.completed + p.failed == n
+    # The paths that made cycles were taken: hedges (the losers cancelled), deadlines missed,
+    # errors retried.
+    assert p.hedges >= 1 and p.deadline_misses >= 1 and p.retried >= 1, p
+    assert found <= 20, f"{found} objects in cycles after {n} requests: {kinds.most_common(12)}"
