@@ -46,7 +46,9 @@ def messages(line):
 
 # Keep-alive under SGLang's (uvicorn's 5 s), as the engine's: with aiohttp's 15 s a connection
 # the server has just closed is taken again (thousands in flight, some idle for a while), and
-# such a send, which never reached the server, is sent again once (benchmarks/scale.py).
+# a request that ends in a transport error is sent again, twice at most (benchmarks/scale.py:
+# at 10,000 in flight on a loaded box one run exited on an error its stderr, not kept then,
+# would have named; an HTTP error ends the run, said plainly).
 AIOHTTP = COMMON + r'''
 import aiohttp
 async def main():
@@ -57,14 +59,17 @@ async def main():
     f = open(out, "a")
     async def one(i, line):
         async with sem:
-            for again in (True, False):
+            for again in (True, True, False):
                 try:
                     async with sessions[i % len(sessions)].post("/v1/chat/completions", json={
                             "model": "default", "messages": messages(line),
                             "max_tokens": 256}) as r:
+                        if r.status != 200:  # no retry: said plainly, and the run fails
+                            raise SystemExit(f"index {i}: HTTP {r.status} from {r.url}: "
+                                             f"{(await r.text())[:300]}")
                         d = await r.json()
                     break
-                except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                except aiohttp.ClientError:  # a transport error (an HTTP error is raised above)
                     if not again:
                         raise
             f.write(json.dumps({"index": i, "content": d["choices"][0]["message"]["content"],
@@ -104,19 +109,26 @@ def timed(cmd: list[str], env: dict[str, str] | None = None,
     since the start and the pid while the process runs, and returns how long to wait until
     it is called again."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    pid = 0
-    while poll is not None and not pid:
-        time.sleep(poll(time.perf_counter() - t, proc.pid))
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-    if not pid:
-        _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        shown = " ".join(c if len(c) < 80 else f"{c[:60]}..." for c in cmd[:4])
-        raise SystemExit(f"{shown} exited {proc.returncode}")
+    # stderr kept (in a file: a pipe nobody reads would block the child) for a failure's why.
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        pid = 0
+        while poll is not None and not pid:
+            time.sleep(poll(time.perf_counter() - t, proc.pid))
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if not pid:
+            _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            shown = " ".join(c if len(c) < 80 else f"{c[:60]}..." for c in cmd[:4])
+            err.seek(0)
+            # asyncio's and aiohttp's warnings at exit ("Unclosed ...") left out.
+            tail = [line for line in err.read().decode(errors="replace").splitlines()
+                    if line.strip() and "nclosed" not in line and "client_session" not in line
+                    and "connector:" not in line][-6:]
+            raise SystemExit(f"{shown} exited {proc.returncode}"
+                             + "".join(f"\n  | {line}" for line in tail))
     return usage.ru_utime + usage.ru_stime, wall
 
 

@@ -375,6 +375,10 @@ async def send_within(client: ServerClient, payload: dict[str, Any],
         raise
     finally:
         watch.close()
+        # The task keeps the exception that ends it, whose traceback holds this frame: a frame
+        # holding the task (or the watch, which does) would make a cycle of every copy ended
+        # by an exception or a cancellation (a hedge's loser), freed only by a full collection.
+        del task, watch
     return result  # an answer past the deadline, while its abort was on the way, stands
 
 
@@ -443,6 +447,10 @@ class _Watch:
             self.timer.cancel()
         if self.wake is not None:
             self.wake.remove_done_callback(self.arm)
+        self.timer = self.wake = None
         g = self.giving_up
         if g is not None and not g.done() and g is not asyncio.current_task():
             g.cancel()
+        # The give-up task, cancelled, keeps its CancelledError, whose traceback holds its
+        # frame and so this watch: not referred to back, or they make a cycle.
+        self.giving_up = None

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import functools
-import gc
 import heapq
 import logging
 import os
@@ -33,6 +32,7 @@ from agents.engine.client import (
     chat,
     make_client,
 )
+from agents.engine.collector import Collector, settle_heap
 from agents.engine.deadlines import DeadlineMiss, Pace, send_within
 from agents.engine.dispatch import Dispatcher, Server
 from agents.engine.hedge import Hedger, Job
@@ -63,9 +63,6 @@ from agents.rundir.schema import (
 from agents.rundir.spec import GenerateSection, RunSpec, SpecError, keep_copy
 
 log = logging.getLogger("fleetdeck.engine")
-
-# Young collections between two full ones (Python's default: 10).
-GC_FULL_EVERY = 1000
 
 # "Later" answers a request may get before they count as its tries: a server whose queue
 # stays full for minutes (pauses up to 10 s) is not one request's fault.
@@ -115,6 +112,7 @@ class Engine:
         self.late_answers = 0
         self.busy_answers = 0
         self.lag = LoopLag()
+        self.collector = Collector(lambda: self._live)
         self._rid_tag = secrets.token_hex(4)
         self.hedges_won = 0
         self._abort_refused: set[int] = set()
@@ -300,6 +298,7 @@ class Engine:
             asyncio.create_task(self._hedge_loop(), name="hedge"),
             asyncio.create_task(self.autotune.run(), name="autotune"),
             asyncio.create_task(self.lag.run(), name="loop-lag"),
+            asyncio.create_task(self.collector.run(), name="collector"),
         ]
         if self.queue is not None:
             background.append(asyncio.create_task(self.queue.keep(), name="queue-keep"))
@@ -951,18 +950,6 @@ def _setup_file_log(path: Path) -> None:
     root.setLevel(logging.INFO)
 
 
-def quiet_gc() -> None:
-    """What the start made is frozen out of the collector's sight, and full collections come
-    a hundred times less often: requests live for seconds, so their objects reach the oldest
-    generation and die there, and at 5,000 in flight a full collection every ~3 s held the
-    loop for 0.4-0.6 s of CPU (benchmarks/scale.py --trace-stalls). Cycles are still
-    collected, less often."""
-    gc.collect()
-    gc.freeze()
-    first, second, _ = gc.get_threshold()
-    gc.set_threshold(first, second, GC_FULL_EVERY)
-
-
 def raise_open_files() -> None:
     """The soft open-files limit up to the hard one: a socket per request in flight (10,000
     and more through a router), and the default soft limit is often 1,024."""
@@ -978,7 +965,7 @@ def run_engine(spec: RunSpec) -> int:
     raise_open_files()
     engine = Engine(spec)
     engine.prepare()
-    quiet_gc()
+    settle_heap()
     return event_loop_runner()(engine.run())
 
 

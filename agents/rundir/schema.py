@@ -228,6 +228,11 @@ class Progress(msgspec.Struct):
     # minute and since it started. Everything the engine does waits behind a stall.
     loop_lag_ms: float = 0.0
     loop_lag_max_ms: float = 0.0
+    # The worst stall's tick: the loop thread's CPU and its wait for a CPU (a shared box's
+    # share); and the worst stall less that wait, the engine's own (agents/engine/looplag.py).
+    loop_lag_max_cpu_ms: float = 0.0
+    loop_lag_max_wait_ms: float = 0.0
+    loop_lag_own_max_ms: float = 0.0
     # The ETA's p10-p90 band, from the spread of the recent rate (None until it is known).
     eta_p10_hours: float | None = None
     eta_p90_hours: float | None = None

@@ -27,9 +27,14 @@ def test_scale() -> None:
     ratios(out, rf"ratio engine/aiohttp CPU per completion at 500 in flight: {NUM}x")
     ratios(out, rf"ratio engine/aiohttp CPU per completion at 500 in flight through the "
                 rf"router: {NUM}x")
-    ratios(out, rf"worst loop stall: {NUM} ms \(target <= 50 ms\)", positive=False)
-    ratios(out, rf"resume over 21,000 lines: first request after {NUM} s, worst loop stall "
-                rf"{NUM} ms", count=2, positive=False)
+    ratios(out, rf"worst loop stall: {NUM} ms by the clock \({NUM} ms of the loop's CPU and "
+                rf"{NUM} ms waiting for a CPU in its 100 ms tick\); the engine's own \(the "
+                rf"clock's less the wait\): {NUM} ms \(target <= 50 ms: ", count=4,
+           positive=False)
+    ratios(out, rf"resume over 21,000 lines: first request after {NUM} s", positive=False)
+    ratios(out, rf"worst loop stall on the resume over 21,000 lines: {NUM} ms by the clock",
+           positive=False)
+    ratios(out, rf"less its wait for a CPU {NUM} ms", count=1, positive=False)
 
 
 def test_tail() -> None:

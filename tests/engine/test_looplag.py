@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from agents.engine.looplag import TICK_S, WINDOW_S, LoopLag
+import pytest
+
+from agents.engine.looplag import TICK_S, WINDOW_S, LoopLag, run_queue_wait_s
 
 
 def test_the_worst_of_the_last_minute_and_of_all_time() -> None:
@@ -30,5 +32,36 @@ async def test_a_stall_on_the_loop_is_seen() -> None:
         while lag.worst_ms < 150 and time.monotonic() < deadline:
             await asyncio.sleep(TICK_S)
         assert lag.worst_ms >= 150 and lag.recent_ms() >= 150
+    finally:
+        task.cancel()
+
+
+def test_the_engine_s_own_share_is_the_stall_less_its_wait_for_a_cpu() -> None:
+    lag = LoopLag()
+    lag.observe(0.400, now=0.0, cpu_s=0.150, wait_s=0.380)  # the box's: 20 ms own
+    lag.observe(0.090, now=1.0, cpu_s=0.120, wait_s=0.010)  # the engine's: 80 ms own
+    assert (lag.worst_ms, lag.worst_cpu_ms, lag.worst_wait_ms) == (400.0, 150.0, 380.0)
+    assert lag.worst_own_ms == pytest.approx(80.0) and lag.worst_own_cpu_ms == 120.0
+
+
+def test_the_wait_for_a_cpu_is_read_where_linux_says_it() -> None:
+    start = run_queue_wait_s()
+    if start is None:
+        pytest.skip("no /proc/thread-self/schedstat here")
+    assert start >= 0 and run_queue_wait_s() >= start  # type: ignore[operator]
+
+
+async def test_a_stall_s_cpu_is_the_loop_thread_s() -> None:
+    lag = LoopLag()
+    task = asyncio.create_task(lag.run())
+    try:
+        await asyncio.sleep(TICK_S / 2)
+        spent = time.thread_time()
+        while time.thread_time() - spent < 0.3:  # the loop busy for 0.3 s of its own CPU
+            pass
+        deadline = time.monotonic() + 30
+        while lag.worst_cpu_ms < 300 and time.monotonic() < deadline:
+            await asyncio.sleep(TICK_S)
+        assert lag.worst_cpu_ms >= 300
     finally:
         task.cancel()
