@@ -4,9 +4,9 @@
 (trainer/launch.py). With several nodes, node rank 0 leads (writes the checkpoints and the
 run's progress, hands its checkpoint to the others on a resume). Every group starts with an
 allowance (`[train] join_timeout_s`) for loading, the first steps and their compiles, and at
-checkpoints; in between a collective waits at most `[train] node_timeout_s`, so that a lost
-or stuck rank stops the job instead of hanging it for gloo's 30 minutes
-(trainer/nodewatch.py names a lost node).
+checkpoints; across nodes, in between, a collective waits at most `[train] node_timeout_s`
+(but for a step that compiles a new shape), so that a lost or stuck node stops the job
+instead of hanging it for gloo's 30 minutes (trainer/nodewatch.py names a lost node).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -146,21 +146,47 @@ def set_timeout(seconds: float, d: Dist) -> None:
 
 
 class Allowance:
-    """The collectives' timeout: `generous_s` (the start-up allowance) for the first `steps`
-    steps and inside `generous()` (a checkpoint, a held-out pass that compiles), `steady_s`
-    otherwise."""
+    """The collectives' timeout. On one node always `generous_s` (the start-up allowance): a
+    rank there is not lost, only slow (a recompile), and a crash ends the job anyway. Across
+    nodes `generous_s` for the first `steps` steps, inside `generous()` (a checkpoint, a
+    held-out pass that compiles) and for a step in which some rank meets a shape it has not
+    compiled yet (`step()`; `recompiles`: the step is compiled, flex attention); `steady_s`
+    otherwise, so that a lost node stops the job."""
 
-    def __init__(self, d: Dist, generous_s: float, steady_s: float, steps: int) -> None:
+    def __init__(self, d: Dist, generous_s: float, steady_s: float, steps: int,
+                 recompiles: bool = False) -> None:
         self.d, self.generous_s, self.steady_s, self.steps = d, generous_s, steady_s, steps
+        self.recompiles = recompiles
         self.steady = False
+        self.seen: set[Hashable] = set()
 
     def after_step(self, done: int) -> None:
-        """`done` steps taken by this run (this invocation): past the start-up ones, steady."""
-        if not self.steady and done >= self.steps and self.d.enabled:
+        """`done` steps taken by this run (this invocation): past the start-up ones, steady
+        (across nodes)."""
+        if not self.steady and done >= self.steps and self.d.enabled and self.d.nodes > 1:
             self.steady = True
             set_timeout(self.steady_s, self.d)
             log.info("start-up over after %d steps: collectives wait at most %g s", done,
                      self.steady_s)
+
+    @contextlib.contextmanager
+    def step(self, shapes: Iterable[Hashable]) -> Iterator[bool]:
+        """One training step whose compiled inputs have `shapes` on this rank; yields True
+        where the step waits `generous_s` because a rank meets a shape new to it (and
+        compiles: tens of seconds while the others wait in a collective). Steady, every rank
+        says whether it has a new one in one all-reduce before the step's collectives, so
+        that all agree; before that, nothing to agree on (generous anyway)."""
+        new = set(shapes) - self.seen if self.recompiles else set()
+        self.seen |= new
+        if not (self.steady and self.recompiles):
+            yield False
+        elif any_rank(bool(new), self.d):
+            log.info("a new shape on some rank (here: %s): this step waits at most %g s",
+                     sorted(map(str, new)) or "none", self.generous_s)
+            with self.generous():
+                yield True
+        else:
+            yield False
 
     @contextlib.contextmanager
     def generous(self) -> Iterator[None]:

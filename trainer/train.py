@@ -134,8 +134,8 @@ def anchor_seed(*parts: int) -> int:
 
 
 # Compiled flex attention sees few shapes: sequences padded to a multiple of this, anchors
-# per sequence to a power of two (a recompile is not a step's cost; trainer/distributed.py's
-# allowance covers the first ones).
+# per sequence to a power of two (a recompile is not a step's cost: across nodes a step with
+# a shape new to some rank waits trainer/distributed.py's start-up allowance).
 SEQ_BUCKET = 256
 
 
@@ -237,10 +237,10 @@ class Trainer:
                                         self.plan.total_steps, cfg.epochs, d.world,
                                         node_rank=d.node_rank, nodes=d.nodes)
                          if d.node_main else None)
-        # The first steps (compiles) and checkpoints wait join_timeout_s, the others at most
-        # node_timeout_s.
+        # One node waits join_timeout_s; several, the first steps, checkpoints and steps with a
+        # shape new to a rank (a recompile) too, the others at most node_timeout_s.
         self.allowance = distributed.Allowance(d, cfg.join_timeout_s, cfg.node_timeout_s,
-                                               cfg.startup_steps)
+                                               cfg.startup_steps, self.attention == "flex")
         self.watch: NodeWatch | None = None
         if d.nodes > 1 and d.node_main and cfg.rdzv_endpoint is not None:
             self.watch = NodeWatch(d, cfg.rdzv_endpoint, spec.run.name, cfg.node_timeout_s,
@@ -445,12 +445,17 @@ class Trainer:
             valid[i, : a.valid.shape[1]] = a.valid[0]
         return Anchors(positions, valid)
 
-    def _batch_stats(self, model: nn.Module, shards: ShardSet, rows: list[int],
-                     salt: list[int]) -> tuple[torch.Tensor, BlockStats]:
-        batch = load_batch(shards, rows, self.seq_bucket).to(self.device)
+    def _inputs(self, shards: ShardSet, rows: list[int], salt: list[int]
+                ) -> tuple[Batch, Anchors]:
+        """A micro-batch and its anchors, on the CPU: their shapes are what compiles."""
+        batch = load_batch(shards, rows, self.seq_bucket)
+        return batch, self._anchors(batch, rows, salt)
+
+    def _batch_stats(self, model: nn.Module, inputs: tuple[Batch, Anchors]
+                     ) -> tuple[torch.Tensor, BlockStats]:
+        batch, anchors = inputs[0].to(self.device), inputs[1]
         feats = features(self.target, batch.input_ids, batch.attention_mask,
                          self.settings.target_layer_ids)
-        anchors = self._anchors(batch, rows, salt)
         with autocast(self.device, self.dtype):
             return block_loss(model, self.embed, self.head, feats, batch, anchors,
                               self.settings.mask_token_id, self.weights, self.attention,
@@ -461,24 +466,27 @@ class Trainer:
         stats = BlockStats(self.cfg.block_size)
         accum = self.plan.grad_accum
         epoch = self.plan.epoch_of(self.step)
-        for micro in range(accum):
-            rows = self.plan.rows(self.step, micro)
-            last = micro == accum - 1
-            # Replicated, gradients are summed once, after the last micro-batch; sharded,
-            # every micro-batch reduce-scatters (only a shard of the gradient is kept).
-            sync = (self.model.no_sync()  # type: ignore[operator]
-                    if self.d.enabled and not self.sharded and not last
-                    else contextlib.nullcontext())
-            with sync:
-                loss, s = self._batch_stats(self.model, self.train_set, rows, [0, epoch])
-                (loss / accum).backward()
-            stats.add(s)
-        torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.clip)
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
-        self.step += 1
-        stats.values = distributed.all_sum(stats.values, self.d)
+        micros = [self._inputs(self.train_set, self.plan.rows(self.step, m), [0, epoch])
+                  for m in range(accum)]
+        shapes = [(*b.input_ids.shape, *a.positions.shape) for b, a in micros]
+        with self.allowance.step(shapes):
+            for micro, inputs in enumerate(micros):
+                last = micro == accum - 1
+                # Replicated, gradients are summed once, after the last micro-batch; sharded,
+                # every micro-batch reduce-scatters (only a shard of the gradient is kept).
+                sync = (self.model.no_sync()  # type: ignore[operator]
+                        if self.d.enabled and not self.sharded and not last
+                        else contextlib.nullcontext())
+                with sync:
+                    loss, s = self._batch_stats(self.model, inputs)
+                    (loss / accum).backward()
+                stats.add(s)
+            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.clip)
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step += 1
+            stats.values = distributed.all_sum(stats.values, self.d)
         return stats
 
     def heldout_stats(self) -> BlockStats | None:
@@ -497,7 +505,8 @@ class Trainer:
         with torch.no_grad():
             for i in range(passes if self.sharded else -(-len(mine) // size)):
                 rows = mine[i * size: (i + 1) * size]
-                _, s = self._batch_stats(self.drafter, self.heldout, rows or [0], [1])
+                _, s = self._batch_stats(self.drafter,
+                                         self._inputs(self.heldout, rows or [0], [1]))
                 if rows:
                     total.add(s)
         total.values = distributed.all_sum(total.values, self.d)
@@ -644,8 +653,8 @@ def train(spec: RunSpec, cfg: TrainSection, opts: TrainOptions) -> str:
         if trainer is not None and trainer.allowance.steady and "timed out" in message.lower():
             message = (f"{type(exc).__name__}: {short_error(exc)} (a collective waited over "
                        f"[train] node_timeout_s = {cfg.node_timeout_s:g} s after the first "
-                       f"{cfg.startup_steps} steps: a rank stuck or gone; a slow recompile "
-                       "wants more of either)")
+                       f"{cfg.startup_steps} steps, across nodes: a rank stuck or gone; a "
+                       "slow step wants more of either)")
         if trainer is not None and trainer.progress is not None:
             trainer.progress.finish("failed", message)
         elif d.node_main:

@@ -274,8 +274,8 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     # "never"), sharded (FSDP2, "always"), or sharded where replicating would crowd a GPU
     # ("auto", trainer/sharding.py).
     shard: Literal["auto", "always", "never"] = "auto"
-    # Steps (of each invocation) whose collectives wait join_timeout_s, not node_timeout_s:
-    # the first compiles of flex attention and its first recompiles.
+    # Steps (of each invocation) whose collectives wait join_timeout_s, not node_timeout_s
+    # (across nodes): the first compiles of flex attention.
     startup_steps: int = 3
     # Across nodes: `nodes` machines of `nproc` processes each, joined by torchrun's c10d
     # rendezvous at rdzv_endpoint ("HOST:PORT" of node rank 0, which hosts it, writes the
@@ -284,8 +284,9 @@ class TrainSection(msgspec.Struct, forbid_unknown_fields=True):
     nodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
-    # A node silent this long (no heartbeat, a collective waiting; after startup_steps also
-    # on one node) is lost: the job stops and `resume` continues from the last checkpoint.
+    # A node silent this long (no heartbeat, a collective waiting after startup_steps but
+    # for a step that compiles a new shape) is lost: the job stops and `resume` continues
+    # from the last checkpoint. One node's collectives always wait join_timeout_s.
     node_timeout_s: float = 30.0
     # How long the processes wait for each other to start (prepare, loading the target, the
     # first steps' compiles) and for rank 0 to write a checkpoint.

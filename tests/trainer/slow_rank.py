@@ -1,8 +1,8 @@
-"""`fleetdeck-train` with rank 1 slowed down, under torchrun:
+"""`fleetdeck-train` with one process slowed down, under torchrun:
 `python -m tests.trainer.slow_rank STEPS SECONDS train RUN.toml`: in each step of STEPS
-(comma-separated, counted from 1 in this invocation) rank 1 sleeps SECONDS before its
-first collective, as a first compile or a recompile would hold it. Used by
-tests/trainer/test_startup_allowance.py."""
+(comma-separated, counted from 1 in this invocation) the first process that does not lead
+(rank 1 on one node; across nodes, node 1's) sleeps SECONDS before its first collective, as
+a first compile or a recompile would hold it. Used by tests/trainer/test_startup_allowance.py."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ def slowed(steps: set[int], seconds: float) -> None:
 
     def train_step(self: train.Trainer) -> BlockStats:
         taken[0] += 1
-        if self.d.rank == 1 and taken[0] in steps:
-            print(f"rank 1: step {taken[0]} held {seconds:g} s", file=sys.stderr, flush=True)
+        held = self.d.rank == (1 if self.d.lead == 0 else 0)
+        if held and taken[0] in steps:
+            print(f"rank {self.d.rank} (node {self.d.node_rank}): step {taken[0]} held "
+                  f"{seconds:g} s", file=sys.stderr, flush=True)
             time.sleep(seconds)
         return plain(self)
 
