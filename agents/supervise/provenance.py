@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from agents.rundir.atomic import atomic_write
-from agents.rundir.secrets import SECRET_FIELDS, is_secret_env
+from agents.rundir.secrets import is_secret_env
 from agents.rundir.spec import RunSpec
 
 PROVENANCE_FILE = "provenance.json"
@@ -34,6 +34,10 @@ MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json",
 # /server_info's live state, not how the server was set up.
 LIVE_KEYS = frozenset({"internal_states", "last_gen_throughput", "avg_spec_accept_length",
                        "max_total_num_tokens", "max_req_input_len"})
+# SGLang's server arguments whose value is a secret (its ServerArgs: the keys a client must
+# send, the TLS key's password), and the Hub token some launchers pass along. Named exactly:
+# a substring rule would also hit max_total_tokens, tokenizer_path, speculative_num_draft_tokens.
+SECRET_ARGS = frozenset({"api_key", "admin_api_key", "ssl_keyfile_password", "hf_token"})
 # A capture differs from the last by these, never by its time.
 SAME = ("model_files", "sglang_version", "server_args", "launch_command", "sampling",
         "chat_template_kwargs", "reasoning_parser", "model")
@@ -75,10 +79,15 @@ def secret_values(spec: RunSpec) -> list[str]:
     return [v for v in values if isinstance(v, str) and len(v) >= 4]
 
 
+class ProvenanceError(RuntimeError):
+    """No capture: the server did not say how it was set up."""
+
+
 def scrub(value: Any, secrets: Iterable[str], key: str = "") -> Any:
-    """`value` with every secret-named field redacted and every secret value cut out."""
+    """`value` with every secret argument (SECRET_ARGS, by exact name) redacted and every
+    secret value of the run cut out."""
     secrets = list(secrets)
-    if key and (key in SECRET_FIELDS or is_secret_env(key)) and value not in (None, "", []):
+    if key in SECRET_ARGS and value not in (None, "", []):
         return REDACTED
     if isinstance(value, dict):
         return {str(k): scrub(v, secrets, str(k)) for k, v in value.items()}
@@ -213,9 +222,11 @@ def put_s3(spec: RunSpec, run_dir: Path) -> str | None:
 
 async def capture_live(spec: RunSpec, run_dir: Path, url: str, launch_script: Path | None,
                        s3_wait_s: float = 600.0) -> Provenance:
-    """On the supervisor's loop, once, when its first server is ready: ask the server's
+    """On the supervisor's loop, when its first server is ready: ask the server's
     `/server_info` (`/get_server_info` before 0.5.6), record the capture, then copy the file
-    to S3 (a campaign node's once its engine has made the run id; S3 errors retried)."""
+    to S3 (a campaign node's once its engine has made the run id; S3 errors retried).
+    ProvenanceError, nothing recorded, when neither path answers with a JSON object (a capture
+    without the server's args says nothing): the supervisor tries again later."""
     import asyncio
     import logging
 
@@ -224,14 +235,24 @@ async def capture_live(spec: RunSpec, run_dir: Path, url: str, launch_script: Pa
     log = logging.getLogger("fleetdeck.provenance")
     key = spec.servers.api_key
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    info: dict[str, Any] = {}
+    info: dict[str, Any] | None = None
+    answers: list[str] = []
     async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
         for path in ("/server_info", "/get_server_info"):
             resp = await client.get(f"{url}{path}", headers=headers)
-            if resp.status_code == 200:
+            if resp.status_code != 200:
+                answers.append(f"{path} answered {resp.status_code}")
+                continue
+            try:
                 body = resp.json()
-                info = body if isinstance(body, dict) else {}
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                info = body
                 break
+            answers.append(f"{path} answered 200 with no JSON object")
+    if info is None:
+        raise ProvenanceError(f"{url}: no server info: {'; '.join(answers)}")
     script = None
     if launch_script is not None:
         try:

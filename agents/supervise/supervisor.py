@@ -63,6 +63,9 @@ from agents.supervise.train_job import ask_to_stop
 from agents.supervise.urlwatch import UrlServer, UrlWatch
 
 log = logging.getLogger("fleetdeck.supervisor")
+# A provenance capture that failed (no /server_info yet) is tried again after 2, 4, 8 ... s.
+PROVENANCE_BACKOFF_S = 2.0
+PROVENANCE_BACKOFF_MAX_S = 120.0
 PUSH_INTERVAL_S = float(os.environ.get("FLEETDECK_PUSH_INTERVAL_S", "1.0"))
 PAGER_DRAIN_S = 10.0  # at exit, how long pages still queued may take to go
 # How often the history's compacted copy and the accept levels are brought up to date.
@@ -113,7 +116,11 @@ class Supervisor:
         self.starting = True  # until the servers are up and the job has been started
         self.control = ControlMethods(self.run_dir)
         self._background: set[asyncio.Task[Any]] = set()
-        self._provenance_taken = False  # provenance.json: captured once per supervisor
+        # provenance.json: captured once per supervisor, tried again (backing off) until then
+        self._provenance_taken = False
+        self._provenance_busy = False
+        self._provenance_tries = 0
+        self._provenance_next = 0.0  # time.monotonic() of the next try
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -217,30 +224,48 @@ class Supervisor:
             log.warning(self.message)
 
     def _server_state(self, server: ManagedServer) -> None:
-        if server.state == "healthy" and not self._provenance_taken:
+        if server.state == "healthy":
             # The first ready server says how the lines are made (provenance.json): the node
             # may be gone by the time anyone exports.
-            self._provenance_taken = True
-            script = self.run_dir / "launch" / f"launch_gpu{server.gpu}.sh"
-            self._spawn(self._provenance(server.url, script))
+            self._try_provenance(server.url,
+                                 self.run_dir / "launch" / f"launch_gpu{server.gpu}.sh")
         if self.engine is not None and self.engine_task is not None:
             self.engine.set_server_state(server.number,
                                          server.state in ("healthy", "degraded"))
 
+    def _try_provenance(self, url: str, script: Path | None) -> None:
+        """A capture from this server, unless one was recorded, one is under way, or the
+        last failed too recently (each server tick asks again, backing off)."""
+        if self._provenance_taken or self._provenance_busy or \
+                time.monotonic() < self._provenance_next:
+            return
+        self._provenance_busy = True
+        self._spawn(self._provenance(url, script))
+
     async def _provenance(self, url: str, script: Path | None) -> None:
         try:
             await capture_live(self.spec, self.run_dir, url, script)
+            self._provenance_taken = True
         except Exception as exc:  # never the supervisor's end: said, and the run goes on
-            log.warning("provenance not recorded: %s: %s", type(exc).__name__, exc)
+            self._provenance_tries += 1
+            wait = min(PROVENANCE_BACKOFF_MAX_S,
+                       PROVENANCE_BACKOFF_S * 2 ** (self._provenance_tries - 1))
+            self._provenance_next = time.monotonic() + wait
+            log.warning("provenance not recorded: %s: %s; trying again in %.0f s",
+                        type(exc).__name__, exc, wait)
+        finally:
+            self._provenance_busy = False
 
     def _server_figures(self, server: ManagedServer) -> None:
+        if server.state == "healthy":
+            self._try_provenance(server.url,
+                                 self.run_dir / "launch" / f"launch_gpu{server.gpu}.sh")
         self._to_engine(server.number, server.figures, server.retractions)
 
     def _url_figures(self, server: UrlServer) -> None:
-        if server.info_answered and not self._provenance_taken:
+        if server.info_answered:
             # A server started elsewhere says how it was set up too (no launch script here).
-            self._provenance_taken = True
-            self._spawn(self._provenance(server.url, None))
+            self._try_provenance(server.url, None)
         self._to_engine(server.number, server.figures, server.retractions)
 
     def _to_engine(self, number: int, f: ServerFigures, retractions: Retractions) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.rundir.atomic import fsync_dir
 from console.dataset.rows import RowError, row, schema
 from console.dataset.source import Data
 from trainer.readstats import ReadStats
@@ -65,11 +66,18 @@ def _size(r: dict[str, Any]) -> int:
         sum(len(m["content"] or "") + len(m["extra"] or "") for m in r["messages"])
 
 
-def prepare_dir(out: Path) -> Path:
-    """DIR must be new, empty, or an export of ours; the temporary folder beside it."""
+def prepare_dir(out: Path, force: bool = False) -> Path:
+    """DIR must be new, empty, or an export of ours holding nothing of the user's (an edited
+    card, a file added) unless `force`; the temporary folder beside it."""
     if out.exists() and any(out.iterdir()) and not (out / MARK).is_file():
         raise ExportError(f"{out}: not empty and not a dataset fleetdeck wrote: give a new "
                           "or empty folder")
+    own = users_own(out)
+    if own and not force:
+        more = f" (and {len(own) - 10} more)" if len(own) > 10 else ""
+        raise ExportError(f"{out}: holds what a new export would replace: "
+                          f"{', '.join(own[:10])}{more} (edited or added since the export): "
+                          "move them away, or give --force to export afresh without them")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.fleetdeck-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -156,9 +164,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+CARD = "README.md"  # written by the export, then the user's to edit (license, description)
+
+
 def _files(folder: Path) -> dict[str, Path]:
-    """Every file of the export under `folder` (its mark and others' state left out), by its
-    path inside it; a symlink or anything not a plain file is listed as found, to refuse."""
+    """Every file under `folder` (its mark and others' state left out), by its path inside
+    it; a symlink or anything not a plain file is listed as found, to refuse."""
     out: dict[str, Path] = {}
     for path in folder.rglob("*"):
         rel = path.relative_to(folder).as_posix()
@@ -169,16 +180,18 @@ def _files(folder: Path) -> dict[str, Path]:
     return out
 
 
+def _print(path: Path) -> list[Any]:
+    return [path.stat().st_size, _sha256(path)]
+
+
 def fingerprint(folder: Path) -> dict[str, list[Any]]:
-    """rel -> [size, sha256] of every file of the export: the mark keeps it, so a later run
-    can tell the folder is still the export it wrote."""
-    return {rel: [p.stat().st_size, _sha256(p)] for rel, p in sorted(_files(folder).items())}
+    """rel -> [size, sha256] of every data file of the export (shards, failures, provenance;
+    not the card, which is the user's to edit): the mark keeps it, so a later run can tell
+    the data is still the export it wrote."""
+    return {rel: _print(p) for rel, p in sorted(_files(folder).items()) if rel != CARD}
 
 
-def earlier_export(out: Path, target: str, source: str) -> tuple[dict[str, Any] | None, str]:
-    """DIR's mark when DIR still holds, byte for byte, the export this command wrote of the
-    same target from the same source (every file its mark lists, with that size and sha256,
-    and no other); else None and why not."""
+def _mark(out: Path) -> tuple[dict[str, Any] | None, str]:
     try:
         mark = json.loads((out / MARK).read_bytes())
     except FileNotFoundError:
@@ -187,35 +200,100 @@ def earlier_export(out: Path, target: str, source: str) -> tuple[dict[str, Any] 
         return None, f"{out / MARK}: unreadable: {exc}"
     if not isinstance(mark, dict) or not isinstance(mark.get("files"), dict):
         return None, f"{out / MARK}: lists no file hashes (an export from before they were kept)"
+    return mark, ""
+
+
+def _data_and_card(mark: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The mark's data files and the card as written (a mark from before the card was kept
+    apart lists it among its files)."""
+    files: dict[str, Any] = dict(mark["files"])
+    card = mark.get("card", files.pop(CARD, None))
+    files.pop(CARD, None)
+    return files, card
+
+
+def users_own(out: Path) -> list[str]:
+    """What in DIR is the user's, not the export's: the card edited since it was written,
+    and every file the export did not write (a LICENSE added). A DIR with a mark this run
+    cannot read: every file but the mark, since none can be told apart."""
+    if not (out / MARK).is_file():
+        return []
+    here = _files(out)
+    mark, _why = _mark(out)
+    if mark is None:
+        return sorted(here)
+    files, card = _data_and_card(mark)
+    own = []
+    for rel, path in sorted(here.items()):
+        if rel == CARD:
+            if path.is_symlink() or not path.is_file() or _print(path) != card:
+                own.append(rel)
+        elif rel not in files:
+            own.append(rel)
+    return own
+
+
+def earlier_export(out: Path, target: str, source: str) -> tuple[dict[str, Any] | None, str]:
+    """DIR's mark when DIR still holds, byte for byte, the data this command wrote of the
+    same target from the same source (every data file its mark lists, with that size and
+    sha256); else None and why not. The card and files the user added are not compared:
+    they are the user's, pushed as they are."""
+    mark, why = _mark(out)
+    if mark is None:
+        return None, why
     if (mark.get("target"), mark.get("source")) != (target, source):
         return None, (f"{out}: an export of {mark.get('target')!r} from {mark.get('source')!r}, "
                       f"not of {target!r} from {source!r}")
-    listed: dict[str, Any] = mark["files"]
+    listed, _card = _data_and_card(mark)
     here = _files(out)
-    for rel in sorted(set(here) - set(listed)):
-        return None, f"{out / rel}: not part of the export its mark lists"
+    for rel in sorted(here):
+        if here[rel].is_symlink() or not here[rel].is_file():
+            return None, f"{out / rel}: not a plain file"
     for rel, want in sorted(listed.items()):
         path = here.get(rel)
-        if path is None or path.is_symlink() or not path.is_file():
-            return None, f"{out / rel}: missing (or not a plain file)"
+        if path is None:
+            return None, f"{out / rel}: missing"
         if not (isinstance(want, list) and len(want) == 2):
             return None, f"{out / MARK}: {rel}: not [size, sha256]"
         size = path.stat().st_size
         if size != want[0] or _sha256(path) != want[1]:
             return None, f"{out / rel}: changed since it was exported"
-    return mark, f"{out}: the export of {target} made at {mark.get('made_at')}, every file as " \
-        "written"
+    return mark, f"{out}: the export of {target} made at {mark.get('made_at')}, every data " \
+        "file as written"
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Every file under `folder`, then every folder (deepest first), fsynced: the rename
+    that follows must not reach the disk before the bytes it names."""
+    folders = [folder]
+    for path in folder.rglob("*"):
+        if path.is_symlink():
+            continue
+        if path.is_dir():
+            folders.append(path)
+        elif path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for d in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        fsync_dir(d)
 
 
 def finish(tmp: Path, out: Path, mark: dict[str, Any]) -> None:
-    """Move the new dataset into DIR (an older export of ours there is replaced)."""
-    mark = {**mark, "files": fingerprint(tmp)}
+    """Move the new dataset into DIR (an older export of ours there is replaced), durably:
+    its files and folders fsynced before the rename, DIR's parent after."""
+    mark = {**mark, "files": fingerprint(tmp), "card": _print(tmp / CARD)}
     (tmp / MARK).write_text(json.dumps(mark, indent=1) + "\n")
+    _fsync_tree(tmp)
     if out.exists():
         old = out.with_name(f".{out.name}.fleetdeck-old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
         os.replace(tmp, out)
+        fsync_dir(out.parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+        fsync_dir(out.parent)

@@ -8,6 +8,7 @@ that is not an event is refused by name, a provenance that is not a JSON object 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from agents.queue.layout import Layout
 from agents.queue.ranges import expand
 from agents.queue.union import Union
 from agents.rundir.schema import FailureEvent, failure_decoder
+from agents.rundir.spec import name_problem
 from trainer.readstats import SourceError
 
 JOURNAL_LIMIT = 256 << 20  # a journal read whole up to this; past it, the rest is said unread
@@ -87,14 +89,27 @@ class Seen:
     deadline: set[tuple[int, int]]
 
 
-def _runs(u: Union) -> tuple[dict[tuple[str, str], NodeRun], dict[int, tuple[str, str, int]]]:
+def plain_names(node: str, run_id: str, where: str) -> None:
+    """A commit's node and run id become folder names here (PULL_DIR/NODE, S3's
+    journals/NODE/RUN_ID): each must be one plain name, as the fleet file's node names are;
+    SourceError naming the record otherwise."""
+    for what, name in (("node", node), ("run_id", run_id)):
+        bad = name_problem(name)
+        if bad is not None:
+            raise SourceError(f"{where}: {what} {name!r} {bad}: a commit record names a "
+                              "folder it may not; this campaign is not exported")
+
+
+def _runs(u: Union, named: Callable[[int, int], str]) -> tuple[
+        dict[tuple[str, str], NodeRun], dict[int, tuple[str, str, int]]]:
     """Every committing (node, run id) with its commits' span, and, for each index whose
     final commit marks it failed, that commit's (node, run id, attempt)."""
     runs: dict[tuple[str, str], NodeRun] = {}
     failed_by: dict[int, tuple[str, str, int]] = {}
     final = u.final()
     for g in sorted(u.commits):
-        for c in u.commits[g].values():
+        for chunk, c in u.commits[g].items():
+            plain_names(c.node, c.run_id, named(g, chunk))
             r = runs.setdefault((c.node, c.run_id), NodeRun(c.node, c.run_id))
             r.commits += 1
             r.started_at = c.started_at if r.started_at is None else min(r.started_at,
@@ -115,7 +130,7 @@ def _object(client: Any, bucket: str, key: str, limit: int) -> bytes | None:
 def read_journals(client: Any, bucket: str, prefix: str, u: Union, where: str) -> Seen:
     """Each committing run's journal and provenance from the campaign's prefix."""
     layout = Layout(prefix)
-    runs, failed_by = _runs(u)
+    runs, failed_by = _runs(u, lambda g, n: f"{where}{layout.commit(g, n)[len(prefix):]}")
     # The node and run whose batch holds each index's current line (a deadline retry is
     # counted only where the line it made is the one exported).
     line_of: dict[int, tuple[str, str]] = {}
@@ -168,6 +183,7 @@ def attach_pulled(nodes: list[NodeRun], pull_dir: Any) -> None:
     from pathlib import Path
 
     for r in nodes:
+        plain_names(r.node, r.run_id, f"node run {r.node!r} ({r.run_id!r})")
         base = Path(pull_dir) / r.node
         for copy in sorted(base.iterdir()) if base.is_dir() else []:
             member, progress = _json(copy / "queue" / "member.json"), _json(

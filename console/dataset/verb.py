@@ -2,8 +2,10 @@
 node (the agent is installed without extras; the node may be gone): a node's run from its
 pulled copy (PULL_DIR/NODE/RUN, `pull --all`), a campaign from its S3 prefix or a copy of it,
 through its commits. Refused unless the source verifies (console/dataset/source.py). With
---push, a DIR that still holds this export byte for byte (its mark's hashes) is pushed as it
-is, not exported again: a push cut short and run again resumes its upload."""
+--push, a DIR whose data files are still this export's byte for byte (its mark's hashes) is
+pushed as it is, not exported again: a push cut short and run again resumes its upload, and
+the card the user filled in (and files added, a LICENSE) go up as they are. An export never
+replaces those silently: it refuses, naming them, unless --force."""
 
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def add(sub: Any) -> None:
                    help="then upload DIR to this Hugging Face dataset repo (OWNER/NAME)")
     p.add_argument("--public", action="store_true", help="create the repo public (default "
                    "private)")
+    p.add_argument("--force", action="store_true", help="export afresh into a DIR that holds "
+                   "your edits (the card) or files you added: they are removed")
     p.set_defaults(runner=cmd_dataset, sync=True)
 
 
@@ -54,15 +58,16 @@ def node_copy_dir(pull_dir: Path, node: str) -> Path:
 
 def export(target: str, source: str, is_campaign: bool, out: Path, shard_bytes: int,
            endpoint_url: str | None = None, s3_client: Any = None,
-           pull_dir: Path | None = None) -> dict[str, Any]:
+           pull_dir: Path | None = None, force: bool = False) -> dict[str, Any]:
     """Verify the source, write DIR; what was written. NotVerified, ExportError, SourceError.
-    A campaign's nodes' GPU-hours and cost come from their pulled copies in `pull_dir`."""
+    A campaign's nodes' GPU-hours and cost come from their pulled copies in `pull_dir`. A DIR
+    holding the user's edits or additions is refused unless `force`."""
     from console.dataset import export as ex
     from console.dataset.card import card
     from console.dataset.journals import attach_pulled
     from console.dataset.source import campaign, node_copy
 
-    tmp = ex.prepare_dir(out)
+    tmp = ex.prepare_dir(out, force)
     try:
         data = (campaign(source, tmp / ".cache", endpoint_url, s3_client) if is_campaign
                 else node_copy(Path(source)))
@@ -120,7 +125,7 @@ def dataset_for_campaign(fleet: Any, name: str) -> dict[str, Any]:
 
 
 def cmd_dataset(args: argparse.Namespace) -> int:
-    from console.dataset.export import MARK, ExportError, earlier_export
+    from console.dataset.export import MARK, ExportError, earlier_export, users_own
     from console.dataset.push import PushError, push
     from console.dataset.source import NotVerified
     from trainer.readstats import SourceError
@@ -154,9 +159,13 @@ def cmd_dataset(args: argparse.Namespace) -> int:
         else:
             if args.push and (out / MARK).is_file():
                 say(f"fleetdeck dataset {args.node_name}: exporting again: {shown(why)}")
+            own = users_own(out) if args.force else []
             summary = export(args.node_name, source, is_campaign, out,
                              max(1, int(args.shard_mb * (1 << 20))), endpoint,
-                             pull_dir=fleet.pull_dir)
+                             pull_dir=fleet.pull_dir, force=args.force)
+            if own:
+                say(f"fleetdeck dataset {args.node_name}: --force: removed "
+                    f"{shown(', '.join(own))} (yours) with the earlier export")
     except NotVerified as exc:
         say(f"fleetdeck dataset {args.node_name}: {shown(str(exc))}")
         for p in exc.problems[:50]:

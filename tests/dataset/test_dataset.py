@@ -413,3 +413,54 @@ def test_push_of_an_export_still_as_written_pushes_it_without_exporting_again(
     (new,) = (out / "data").iterdir()
     assert new.read_bytes().endswith(b"PAR1"), "the changed shard replaced by a fresh export"
     assert not upload_state.exists(), "a fresh export starts a fresh upload"
+
+
+def uploaded_sample(hub: _Recorder, name: str) -> bytes:
+    """The start of file `name` as the upload sent it (the Hub's preupload request carries
+    each file's first bytes, base64)."""
+    import base64
+
+    for _, path, body in hub.requests:
+        if "preupload" not in path:
+            continue
+        for f in json.loads(body).get("files", []):
+            if f.get("path") == name:
+                return base64.b64decode(f["sample"])
+    raise AssertionError(f"{name} not in any upload request: {[p for _, p, _ in hub.requests]}")
+
+
+def test_the_card_filled_in_and_a_license_added_are_pushed_as_they_are(
+        pulled: tuple[Path, Path], tmp_path: Path) -> None:
+    """The README's workflow: export, fill in the card's TODOs, add a LICENSE, push. The data
+    is unchanged, so the folder goes up as the user left it; an export into it (the data
+    changed, or asked without --push) refuses, naming the user's files, unless --force."""
+    fleet, _ = pulled
+    out = tmp_path / "ds"
+    made = fleetdeck(fleet, "dataset", "gen-1", "--to", str(out), tmp=tmp_path)
+    assert made.returncode == 0, made.stderr
+    card = out / "README.md"
+    assert 'license: "other"' in card.read_text()
+    edited = card.read_text().replace('license: "other"', 'license: "cc-by-4.0"') \
+        .replace("TODO(fill in before publishing)", "Questions answered by a tiny model")
+    card.write_text(edited)
+    (out / "LICENSE").write_text("CC BY 4.0, the user's own file\n")
+    hub = _Recorder()
+    try:
+        pushed = push(fleet, out, tmp_path, hub)
+    finally:
+        hub.close()
+    assert "pushed as it is, not exported again" in pushed.stderr, pushed.stderr
+    assert card.read_text() == edited and (out / "LICENSE").is_file()
+    assert b'license: "cc-by-4.0"' in uploaded_sample(hub, "README.md")
+    assert uploaded_sample(hub, "LICENSE") == b"CC BY 4.0, the user's own file\n"
+
+    # A fresh export would replace them: refused, naming them, and nothing touched.
+    again = fleetdeck(fleet, "dataset", "gen-1", "--to", str(out), tmp=tmp_path)
+    assert again.returncode == 1
+    assert f"{out}: holds what a new export would replace: LICENSE, README.md" in again.stderr
+    assert "--force" in again.stderr
+    assert card.read_text() == edited and (out / "LICENSE").is_file()
+    forced = fleetdeck(fleet, "dataset", "gen-1", "--to", str(out), "--force", tmp=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert "--force: removed LICENSE, README.md (yours)" in forced.stderr
+    assert 'license: "other"' in card.read_text() and not (out / "LICENSE").exists()

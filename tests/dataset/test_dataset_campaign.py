@@ -42,9 +42,10 @@ def jsonl(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
-def build(s3: S3Server) -> Campaign:
+def build(s3: S3Server, recorded_as: dict[str, str] | None = None) -> Campaign:
     """Node a committed chunk 0 (8 and 9 failed, its journal says why); node b chunk 1 (19
-    failed, its journal silent on it; 12 answered after a missed deadline)."""
+    failed, its journal silent on it; 12 answered after a missed deadline). `recorded_as`:
+    the node name a node's commit record says instead of its own (a hostile record)."""
     c = Campaign(s3, "camps/card/")
     client, layout = s3.client(), Layout(c.prefix)
     pin = rec.CampaignPin(campaign="tq", prompts_sha256="ab" * 32, prompts_lines=LINES,
@@ -55,7 +56,8 @@ def build(s3: S3Server) -> Campaign:
     for node, chunk, failed in (("a", 0, (8, 9)), ("b", 1, (19,))):
         done = [i for i in range(chunk * CHUNK, chunk * CHUNK + CHUNK) if i not in failed]
         part = c.batch(node, 0, [line(i, node) for i in done], committed=done)
-        commit = rec.Commit(generation=0, chunk=chunk, node=node, run_id="r" + node, epoch=1,
+        commit = rec.Commit(generation=0, chunk=chunk, node=(recorded_as or {}).get(node, node),
+                            run_id="r" + node, epoch=1,
                             started_at=spans[node][0], committed_at=spans[node][1],
                             done=to_ranges(done), failed=to_ranges(failed), truncated=[],
                             batches=[part], attempt=1)
@@ -136,6 +138,20 @@ def test_a_campaign_card_says_failures_time_cost_and_each_nodes_provenance(
     loaded = load_both(out, tmp_path)
     assert sorted(r["index"] for r in loaded["rows"]) == \
         [i for i in range(LINES) if i not in (8, 9, 19)]
+
+
+def test_a_commit_whose_node_is_a_path_is_refused_naming_the_record(tmp_path: Path) -> None:
+    """A commit's node becomes a folder name here (PULL_DIR/NODE for its pulled copy): one
+    naming "../.." would send the console's reads outside the pull dir."""
+    out = tmp_path / "pulls" / "sub" / "ds"
+    with running_s3() as s3:
+        c = build(s3, recorded_as={"a": "../.."})
+        fleet = fleet_file(tmp_path, c)
+        got = run(fleet, s3, tmp_path, "--to", str(out))
+    assert got.returncode == 1, got.stderr
+    assert f"{c.url}commits/gen-0000/" in got.stderr, got.stderr
+    assert "node '../..' holds '/' (one folder name, not a path)" in got.stderr, got.stderr
+    assert not out.exists()
 
 
 def test_a_campaign_without_s3_in_the_fleet_file_or_from_says_what_to_set(

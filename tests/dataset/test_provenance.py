@@ -8,8 +8,10 @@ import hashlib
 import json
 from pathlib import Path
 
+import msgspec
+
 from agents.rundir.spec import load_run_spec
-from agents.supervise.provenance import REDACTED, capture, read, record
+from agents.supervise.provenance import LIVE_KEYS, REDACTED, SECRET_ARGS, capture, read, record
 
 GOLDEN = Path(__file__).parent.parent / "fixtures" / "sglang" / "server_info"
 
@@ -53,3 +55,41 @@ def test_a_capture_hashes_the_model_and_keeps_no_secret(tmp_path: Path) -> None:
     on_disk = read(tmp_path)
     assert on_disk is not None and len(on_disk.captures) == 2
     assert "sk-topsecret-123" not in (tmp_path / "provenance.json").read_text()
+
+
+def test_ordinary_sglang_arguments_survive_and_only_the_secret_ones_are_redacted(
+        tmp_path: Path) -> None:
+    """Arguments whose names merely hold TOKEN or KEY (max_total_tokens, tokenizer_path,
+    speculative_num_draft_tokens, ssl_keyfile: a path) are how the lines were made: kept
+    verbatim. The secret ones (by exact name) and the run's secret values are not."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text("{}")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("{}\n")
+    (tmp_path / "run.toml").write_text(
+        f'[run]\nname = "r"\n\n[servers]\nurls = ["http://127.0.0.1:9"]\n'
+        f'api_key = "sk-topsecret-123"\n\n'
+        f'[generate]\nprompts = "{prompts}"\nmodel = "org/not-local"\n'
+        f'sampling = {{temperature = 0.6, min_tokens = 16, stop_token_ids = [7]}}\n')
+    spec = load_run_spec(tmp_path)
+    body = json.loads((GOLDEN / "server_info_dev_g5dd2c243e.json").read_text())
+    body |= {"api_key": "sk-topsecret-123", "admin_api_key": "adm-zzzz-999",
+             "ssl_keyfile_password": "pw-zzzz-888", "tokenizer_path": str(model),
+             "speculative_num_draft_tokens": 4, "ssl_keyfile": "/etc/tls/key.pem"}
+    cap = capture(spec, body, None)
+    args = cap.server_args
+    for name in ("max_total_tokens", "max_prefill_tokens", "tokenizer_path", "tokenizer_mode",
+                 "skip_tokenizer_init", "speculative_num_draft_tokens", "ssl_keyfile",
+                 "tokenizer_worker_num", "piecewise_cuda_graph_tokens"):
+        assert args[name] == body[name], name
+    assert {k: args[k] for k in ("api_key", "admin_api_key", "ssl_keyfile_password")} == \
+        dict.fromkeys(("api_key", "admin_api_key", "ssl_keyfile_password"), REDACTED)
+    # Everything else as the server said it (its command line holds no secret here).
+    kept = {k: v for k, v in body.items() if k not in LIVE_KEYS | {"version"} | SECRET_ARGS}
+    assert {k: v for k, v in args.items() if k not in SECRET_ARGS} == kept
+    assert cap.sampling == {"temperature": 0.6, "min_tokens": 16, "stop_token_ids": [7]}
+    # tokenizer_path kept: the model's files are found through it.
+    assert cap.model_dir == str(model) and set(cap.model_files) == {"tokenizer.json"}
+    text = json.dumps(msgspec.to_builtins(cap))
+    assert not any(s in text for s in ("sk-topsecret-123", "adm-zzzz-999", "pw-zzzz-888"))

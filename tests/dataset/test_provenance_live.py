@@ -145,3 +145,101 @@ def test_a_run_on_servers_started_elsewhere_records_it_once_they_answer(
     finally:
         kill_pid(sim.proc)
     assert os.path.exists(run_dir / "provenance.json")
+
+
+class _FlakyInfo:
+    """In front of a simulator, a forwarding HTTP server whose server-info endpoints fail
+    (503) for a stretch of asks after the first: the URL watch sees the server answer, then
+    the supervisor's capture meets the 503s, as a server still loading or overloaded gives."""
+
+    def __init__(self, upstream: str, failing: range) -> None:
+        import http.server
+        import threading
+
+        self.answers: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+        flaky = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                path = self.path.split("?")[0]
+                code: int | None = None
+                if path in ("/server_info", "/get_server_info"):
+                    with flaky.lock:
+                        asked = sum(1 for p, _ in flaky.answers if p == "info") + 1
+                        code = 503 if asked in failing else None
+                        flaky.answers.append(("info", code or 200))
+                if code is not None:
+                    out, ctype = b'{"error": "not now"}', "application/json"
+                else:
+                    headers = {k: v for k, v in self.headers.items()
+                               if k.lower() in ("content-type", "authorization")}
+                    with httpx.Client(trust_env=False, timeout=60) as client:
+                        resp = client.request(self.command, upstream + self.path,
+                                              content=body, headers=headers)
+                    code, out = resp.status_code, resp.content
+                    ctype = resp.headers.get("content-type", "application/json")
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = do_POST = _forward
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def failed(self) -> int:
+        with self.lock:
+            return sum(1 for _, code in self.answers if code == 503)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.timeout(600)
+def test_a_capture_that_finds_no_server_info_is_tried_again_until_it_answers(
+        tmp_path: Path) -> None:
+    """No capture without the server's args: the failed tries record nothing, a later try
+    (backing off) records the whole capture."""
+    model, hashes = model_folder(tmp_path)
+    (tmp_path / "sim").mkdir()
+    sim = start_sim(tmp_path / "sim", "--time-scale", "0.05", "--load-seconds", "0",
+                    "--model-path", str(model))
+    flaky = _FlakyInfo(sim.url, range(2, 8))
+    run_dir = tmp_path / "run"
+    try:
+        prompts = tmp_path / "prompts.jsonl"
+        write_prompts(prompts, 60)
+        spec = write_spec(tmp_path / "run.toml", prompts, [flaky.url])
+        try:
+            r = agent("up", str(spec))
+            assert r.returncode == 0, r.stderr
+            path = run_dir / "provenance.json"
+            wait_until(path.is_file, 180, "provenance.json in the run dir")
+            assert flaky.failed() == 6, "every failing ask was asked before the capture"
+            doc = json.loads(path.read_bytes())
+            (cap,) = doc["captures"]
+            assert cap["server_args"]["model_path"] == str(model)
+            assert cap["model_files"] == hashes
+            assert cap["sglang_version"] == server_info(sim.url, None)["version"]
+        finally:
+            agent("down", str(run_dir), "--yes")
+            kill_run(run_dir)
+    finally:
+        flaky.close()
+        kill_pid(sim.proc)
