@@ -120,8 +120,13 @@ class ControlMethods:
                                    "back), not both")
                 offset = _int(p, "from")
                 inode = None if p.get("inode") is None else _int(p, "inode")
-                return await asyncio.to_thread(_read_log, self.run_dir, name,
-                                               lambda path: since(path, offset, inode, n))
+                mid_line = p.get("mid_line", False)
+                if not isinstance(mid_line, bool):
+                    raise RpcError(INVALID_PARAMS, f"mid_line must be true or false, got "
+                                   f"{mid_line!r}")
+                return await asyncio.to_thread(
+                    _read_log, self.run_dir, name,
+                    lambda path: since(path, offset, inode, n, mid_line))
             before = p.get("before")
             # Off the loop: a slow disk (or anything odd in logs/) never stalls other sessions.
             return await asyncio.to_thread(
