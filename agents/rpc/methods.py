@@ -143,8 +143,13 @@ class ControlMethods:
                 raise RpcError(INVALID_PARAMS, f"since must be a number, got {since!r}")
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
             if "span" not in p and "resolution" not in p:
-                # Samples as written, paged by `since` (what consoles before spans ask).
-                return await asyncio.to_thread(history, self.run_dir, float(since), limit)
+                # Samples as written, paged by `offset` (`since` for consoles before it).
+                offset = None if p.get("offset") is None else _int(p, "offset")
+                try:
+                    return await asyncio.to_thread(history, self.run_dir, float(since), limit,
+                                                   offset)
+                except ValueError as exc:
+                    raise RpcError(INVALID_PARAMS, str(exc)) from None
             resolution = p.get("resolution")
             if resolution is not None:
                 resolution = _int(p, "resolution", 10)

@@ -272,25 +272,41 @@ def recent_samples(run_dir: Path, n: int = 10) -> list[dict[str, Any]]:
     return out[:n]
 
 
-def history(run_dir: Path, since: float = 0.0, limit: int = 1000) -> dict[str, Any]:
+def history(run_dir: Path, since: float = 0.0, limit: int = 1000,
+            offset: int | None = None) -> dict[str, Any]:
     """Status samples from history.jsonl after `since`, oldest first, `limit` at a time.
-    A line that is not a JSON object with a numeric `updated_at` is skipped and counted
-    (`bad_lines`); a history.jsonl that is a symlink or not a regular file is not read
-    (`refused` says why)."""
+    `offset` (an earlier answer's `next_offset`: a line's start) reads on from there, so that
+    no page decodes the file from its start again and no sample sharing the previous page's
+    last time is lost (paging by `since` alone drops them). A line that is not a JSON object
+    with a numeric `updated_at` is skipped and counted (`bad_lines`, in the lines this call
+    read); a history.jsonl that is a symlink or not a regular file is not read (`refused`
+    says why). ValueError: an offset past the end or not at a line's start."""
     path = run_dir / "history.jsonl"
     items: list[Any] = []
     more = False
     bad = 0
+    start = offset or 0
     try:
         fd = open_regular(path)
     except FileNotFoundError:
-        return {"items": items, "more": more, "bad_lines": 0}
+        return {"items": items, "more": more, "bad_lines": 0, "next_offset": start}
     except OSError as exc:
         reason = str(exc) if isinstance(exc, NotRegular) else \
             f"{path}: {'a symbolic link' if os.path.islink(path) else exc.strerror}; refused"
         return {"items": items, "more": more, "bad_lines": 0, "refused": reason}
     with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if start > size or (start > 0 and os.pread(fd, 1, start - 1) != b"\n"):
+            raise ValueError(f"{path}: offset {start} is not a line's start (the file has "
+                             f"{size} bytes); page from an earlier answer's next_offset")
+        f.seek(start)
+        pos = start
         for raw in f:
+            if len(items) >= limit:
+                more = True
+                break
+            # A last line with no newline yet is read, but not passed: paged again when whole.
+            pos += len(raw) if raw.endswith(b"\n") else 0
             if not raw.strip():
                 continue
             try:
@@ -302,10 +318,6 @@ def history(run_dir: Path, since: float = 0.0, limit: int = 1000) -> dict[str, A
             if not isinstance(at, (int, float)) or isinstance(at, bool):
                 bad += 1
                 continue
-            if at <= since:
-                continue
-            if len(items) >= limit:
-                more = True
-                break
-            items.append(obj)
-    return {"items": items, "more": more, "bad_lines": bad}
+            if at > since:
+                items.append(obj)
+    return {"items": items, "more": more, "bad_lines": bad, "next_offset": pos}
