@@ -5,7 +5,9 @@ trusted (a malformed answer is refused by name, an overlong line cut).
 The `logs` RPC answers a tail first (`next_from`, `inode`), then, given `from` and `inode`,
 only what the file gained; a rotated, truncated or rewritten file restarts from its tail
 (`restarted`), and a gain too large to send is passed over (`skipped_bytes`). A line still
-being written comes last, `unfinished`, and comes again whole in the next answer."""
+being written comes last, `unfinished`, and comes again whole in the next answer; a line
+longer than one answer carries is read on from its middle (`mid_line`, sent back as given).
+An agent from before following answers a tail only (no `next_from`): shown, not followed."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 MAX_LINES = 10_000  # kept per log; the oldest go first
 MAX_LINE_CHARS = 4_000  # a longer line is cut (a node may send a 4 MiB one)
 FOLLOW_LINES = 5_000  # asked for per follow call (the agent's most)
+OLD_AGENT_NOTE = "this agent cannot follow logs: fleetdeck bootstrap NODE upgrades it"
 
 # Levels, ranked. MARK: the console's own note in the log (rotated, skipped): always shown.
 DEBUG, INFO, WARNING, ERROR, MARK = 0, 1, 2, 3, 9
@@ -102,6 +105,8 @@ class FollowedLog:
     next_from: int | None = None
     inode: int | None = None
     unfinished: bool = False  # the last line kept is being written: the next answer redoes it
+    mid_line: bool = False  # next_from is inside an over-long line (the agent said so)
+    old_agent: bool = False  # the agent answers tails only: never followed
 
     @property
     def end(self) -> int:
@@ -115,6 +120,8 @@ class FollowedLog:
         out: dict[str, Any] = {"name": self.name, "n": FOLLOW_LINES, "from": self.next_from}
         if self.inode is not None:
             out["inode"] = self.inode
+        if self.mid_line:
+            out["mid_line"] = True
         return out
 
     def apply(self, reply: Any) -> Gained | None:
@@ -128,8 +135,7 @@ class FollowedLog:
             raise BadLogAnswer("the answer's lines are not a list of text")
         next_from = _field(reply, "next_from", int, optional=True)
         if next_from is None:
-            raise BadLogAnswer("the answer has no next_from: the agent is older than this "
-                               "console (fleetdeck bootstrap NODE upgrades it)")
+            return self._old_tail(raw)
         inode = _field(reply, "inode", int, optional=True)
         asked = _field(reply, "from", int, optional=True)
         skipped = _field(reply, "skipped_bytes", int, optional=True) or 0
@@ -156,12 +162,30 @@ class FollowedLog:
         if isinstance(reply.get("path"), str):
             self.path = reply["path"]
         self.next_from, self.inode, self.unfinished = next_from, inode, unfinished and bool(raw)
+        self.mid_line = reply.get("mid_line") is True
         if note is not None:
             self._keep(f"-- fleetdeck: {note} --", MARK)
         for text in kept:
             self._keep(text, line_level(text, self.levels[-1] if self.levels else INFO))
         if self.unfinished:
             return Gained(texts[:-1], texts[-1], note)
+        return Gained(texts, None, note)
+
+    def _old_tail(self, raw: list[str]) -> Gained:
+        """A tail from an agent older than following (no `next_from`): the lines kept in
+        place of any kept before (each such answer is the whole tail again), said once."""
+        if self.next_from is not None:
+            raise BadLogAnswer("the answer has no next_from, though an earlier one had")
+        note = None if self.old_agent else OLD_AGENT_NOTE
+        self.old_agent = True
+        self.dropped += len(self.lines)
+        self.lines.clear()
+        self.levels.clear()
+        self.rewrites += 1
+        texts = [_cut(x) for x in raw]
+        for text in texts:
+            self._keep(text, line_level(text, self.levels[-1] if self.levels else INFO))
+        self._keep(f"-- fleetdeck: {OLD_AGENT_NOTE} --", MARK)  # in the pane: why it stands
         return Gained(texts, None, note)
 
     def _keep(self, text: str, level: int) -> None:

@@ -81,11 +81,13 @@ async def print_log(link: AgentLink, node: str, args: argparse.Namespace) -> int
                 return EXIT_UNREACHABLE
             if gained is not None:
                 # Not following: the tail as it is, a line still being written included.
+                if log.old_agent and not follow:
+                    gained.note = None  # following was not asked for
                 if first and not follow and gained.unfinished is not None:
                     gained.lines.append(gained.unfinished)
                 _print(node, name, gained)
             first = False
-            if not follow:
+            if not follow or log.old_agent:  # an old agent's tail: shown, never followed
                 return EXIT_OK
             await _unless(stop, asyncio.sleep(interval))
     except _Stopped:

@@ -114,7 +114,8 @@ def load(path: Path) -> Recording:
             except msgspec.ValidationError:
                 rec.skipped += 1
                 continue
-            if all(k.isdigit() for k in p.servers):
+            # ASCII digits only: "²".isdigit() holds, and int("²") raises.
+            if all(k.isascii() and k.isdigit() for k in p.servers):
                 by_time[p.updated_at] = p
             else:
                 rec.skipped += 1

@@ -120,8 +120,13 @@ class ControlMethods:
                                    "back), not both")
                 offset = _int(p, "from")
                 inode = None if p.get("inode") is None else _int(p, "inode")
-                return await asyncio.to_thread(_read_log, self.run_dir, name,
-                                               lambda path: since(path, offset, inode, n))
+                mid_line = p.get("mid_line", False)
+                if not isinstance(mid_line, bool):
+                    raise RpcError(INVALID_PARAMS, f"mid_line must be true or false, got "
+                                   f"{mid_line!r}")
+                return await asyncio.to_thread(
+                    _read_log, self.run_dir, name,
+                    lambda path: since(path, offset, inode, n, mid_line))
             before = p.get("before")
             # Off the loop: a slow disk (or anything odd in logs/) never stalls other sessions.
             return await asyncio.to_thread(
@@ -138,8 +143,13 @@ class ControlMethods:
                 raise RpcError(INVALID_PARAMS, f"since must be a number, got {since!r}")
             limit = min(_int({"limit": p.get("limit", 1000)}, "limit"), 5000)
             if "span" not in p and "resolution" not in p:
-                # Samples as written, paged by `since` (what consoles before spans ask).
-                return await asyncio.to_thread(history, self.run_dir, float(since), limit)
+                # Samples as written, paged by `offset` (`since` for consoles before it).
+                offset = None if p.get("offset") is None else _int(p, "offset")
+                try:
+                    return await asyncio.to_thread(history, self.run_dir, float(since), limit,
+                                                   offset)
+                except ValueError as exc:
+                    raise RpcError(INVALID_PARAMS, str(exc)) from None
             resolution = p.get("resolution")
             if resolution is not None:
                 resolution = _int(p, "resolution", 10)

@@ -129,13 +129,16 @@ def _lines(data: bytes, base: int, whole_first: bool, lines: int) -> dict[str, A
     `data` starts at a line's start (else its first, partial line is dropped). The bytes
     after the last newline are a line still being written: shown last, marked `unfinished`,
     and left out of `next_from` (the offset a later `from` read starts at: always a line's
-    start), so that a follower gets that line again, whole, once it ends."""
+    start), so that a follower gets that line again, whole, once it ends. `data` with no
+    line start at all is the middle of one very long line: shown as it is, `mid_line`, and
+    `next_from` its end (inside that line: a follower says `mid_line` back). `head`: the
+    bytes dropped to reach the first line start (the rest of a line begun earlier)."""
     found_start = whole_first
+    head = 0
     if not whole_first:
         cut = data.find(b"\n") + 1
         if cut:
-            base, data, found_start = base + cut, data[cut:], True
-        # No newline at all: the middle of one very long line, shown as it is.
+            base, data, found_start, head = base + cut, data[cut:], True, cut
     chunks = data.split(b"\n")
     finished = data.endswith(b"\n") or not data
     if finished:
@@ -146,7 +149,8 @@ def _lines(data: bytes, base: int, whole_first: bool, lines: int) -> dict[str, A
     unfinished = not finished and found_start
     return {"lines": [c.decode(errors="replace") for c in chosen], "first": first,
             "next_from": end - len(chunks[-1]) if unfinished else end,
-            "unfinished": unfinished and bool(chosen)}
+            "unfinished": unfinished and bool(chosen), "mid_line": not found_start,
+            "head": head}
 
 
 def tail(path: Path, lines: int = 100, before: int | None = None) -> dict[str, Any]:
@@ -171,16 +175,20 @@ def _tail_fd(fd: int, st: os.stat_result, path: Path, lines: int,
     out = {"path": str(path), "size": size, "lines": got["lines"],
            "next_before": first if first > 0 else None}
     if before is None:
-        out.update(inode=st.st_ino, next_from=got["next_from"], unfinished=got["unfinished"])
+        out.update(inode=st.st_ino, next_from=got["next_from"], unfinished=got["unfinished"],
+                   mid_line=got["mid_line"])
     return out
 
 
-def since(path: Path, offset: int, inode: int | None, lines: int) -> dict[str, Any]:
+def since(path: Path, offset: int, inode: int | None, lines: int,
+          mid_line: bool = False) -> dict[str, Any]:
     """What a log gained after byte `offset` (the `next_from` of an earlier answer): at most
     its last `lines` complete lines and MAX_TAIL_BYTES, `skipped_bytes` counting what was
     passed over to stay in those bounds. A file that is not the one read before (another
     `inode`: rotated), is shorter than `offset` (truncated) or has no line start at `offset`
-    (truncated and written past it) is read again from its tail, `restarted` saying why."""
+    (truncated and written past it) is read again from its tail, `restarted` saying why.
+    `mid_line`: `offset` is inside an over-long line (an answer said so): it must not follow a
+    newline, and the rest of that line (shown cut already) is passed over, not counted."""
     fd = open_regular(path)
     try:
         st = os.fstat(fd)
@@ -190,20 +198,25 @@ def since(path: Path, offset: int, inode: int | None, lines: int) -> dict[str, A
             restarted = "rotated"
         elif offset > size:
             restarted = "truncated"
-        elif offset > 0 and os.pread(fd, 1, offset - 1) != b"\n":
+        elif offset > 0 and (os.pread(fd, 1, offset - 1) == b"\n") is mid_line:
             restarted = "rewritten"
         if restarted is not None:
             out = _tail_fd(fd, st, path, lines, None)
             out.update({"from": offset, "restarted": restarted, "skipped_bytes": 0})
             return out
         start = max(offset, size - MAX_TAIL_BYTES)
-        got = _lines(os.pread(fd, size - start, start), start, start == offset, lines)
+        going_on = mid_line and start == offset  # the over-long line's rest comes first
+        got = _lines(os.pread(fd, size - start, start), start,
+                     start == offset and not mid_line, lines)
     finally:
         os.close(fd)
+    if going_on and got["mid_line"]:  # still that line: nothing new to show
+        got.update(lines=[], first=offset, next_from=size)
+    skipped = got["first"] - offset - (got["head"] if going_on else 0)
     return {"path": str(path), "size": size, "inode": st.st_ino, "from": offset,
             "lines": got["lines"], "next_from": got["next_from"],
-            "unfinished": got["unfinished"], "skipped_bytes": got["first"] - offset,
-            "restarted": None}
+            "unfinished": got["unfinished"], "mid_line": got["mid_line"],
+            "skipped_bytes": skipped, "restarted": None}
 
 
 class _Sample(msgspec.Struct):
@@ -259,25 +272,41 @@ def recent_samples(run_dir: Path, n: int = 10) -> list[dict[str, Any]]:
     return out[:n]
 
 
-def history(run_dir: Path, since: float = 0.0, limit: int = 1000) -> dict[str, Any]:
+def history(run_dir: Path, since: float = 0.0, limit: int = 1000,
+            offset: int | None = None) -> dict[str, Any]:
     """Status samples from history.jsonl after `since`, oldest first, `limit` at a time.
-    A line that is not a JSON object with a numeric `updated_at` is skipped and counted
-    (`bad_lines`); a history.jsonl that is a symlink or not a regular file is not read
-    (`refused` says why)."""
+    `offset` (an earlier answer's `next_offset`: a line's start) reads on from there, so that
+    no page decodes the file from its start again and no sample sharing the previous page's
+    last time is lost (paging by `since` alone drops them). A line that is not a JSON object
+    with a numeric `updated_at` is skipped and counted (`bad_lines`, in the lines this call
+    read); a history.jsonl that is a symlink or not a regular file is not read (`refused`
+    says why). ValueError: an offset past the end or not at a line's start."""
     path = run_dir / "history.jsonl"
     items: list[Any] = []
     more = False
     bad = 0
+    start = offset or 0
     try:
         fd = open_regular(path)
     except FileNotFoundError:
-        return {"items": items, "more": more, "bad_lines": 0}
+        return {"items": items, "more": more, "bad_lines": 0, "next_offset": start}
     except OSError as exc:
         reason = str(exc) if isinstance(exc, NotRegular) else \
             f"{path}: {'a symbolic link' if os.path.islink(path) else exc.strerror}; refused"
         return {"items": items, "more": more, "bad_lines": 0, "refused": reason}
     with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        if start > size or (start > 0 and os.pread(fd, 1, start - 1) != b"\n"):
+            raise ValueError(f"{path}: offset {start} is not a line's start (the file has "
+                             f"{size} bytes); page from an earlier answer's next_offset")
+        f.seek(start)
+        pos = start
         for raw in f:
+            if len(items) >= limit:
+                more = True
+                break
+            # A last line with no newline yet is read, but not passed: paged again when whole.
+            pos += len(raw) if raw.endswith(b"\n") else 0
             if not raw.strip():
                 continue
             try:
@@ -289,10 +318,6 @@ def history(run_dir: Path, since: float = 0.0, limit: int = 1000) -> dict[str, A
             if not isinstance(at, (int, float)) or isinstance(at, bool):
                 bad += 1
                 continue
-            if at <= since:
-                continue
-            if len(items) >= limit:
-                more = True
-                break
-            items.append(obj)
-    return {"items": items, "more": more, "bad_lines": bad}
+            if at > since:
+                items.append(obj)
+    return {"items": items, "more": more, "bad_lines": bad, "next_offset": pos}

@@ -529,8 +529,8 @@ class HistoryStore:
         items: list[dict[str, Any]] = []
         step = ladder[0]
         for step in ladder:
-            if asked is None and (until - _start(units[0])) / step > limit:
-                continue  # far too many: skip the fold
+            if asked is None and step != ladder[-1] and (until - _start(units[0])) / step > limit:
+                continue  # far too many: skip the fold (never the coarsest: it is served)
             items = refold(units, lambda u, s=step: max(s, _tier(SERVED_TIERS,
                                                                   until - _start(u))))
             if len(items) <= limit:

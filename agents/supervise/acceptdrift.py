@@ -33,7 +33,7 @@ class AcceptLevels:
 
 
 def _number(name: str) -> tuple[int, str]:
-    return (int(name), name) if name.isdigit() else (1 << 30, name)
+    return (int(name), name) if name.isascii() and name.isdigit() else (1 << 30, name)
 
 
 def _accepts(item: dict[str, Any]) -> dict[str, float]:

@@ -100,7 +100,9 @@ class RunHistory:
     def servers(self) -> list[str]:
         """Server numbers seen anywhere in the run, in number order."""
         seen = {k for s in self.samples for k in s.servers}
-        return sorted(seen, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+        def number(k: str) -> bool:  # ASCII only: "²".isdigit() holds, and int() refuses it
+            return k.isascii() and k.isdigit()
+        return sorted(seen, key=lambda k: (not number(k), int(k) if number(k) else 0, k))
 
 
 def thin(samples: list[Sample], max_points: int = MAX_POINTS) -> list[Sample]:

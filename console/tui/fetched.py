@@ -48,6 +48,8 @@ class Fetched:
         log = self.log_view(name).log
         before = (log.end, log.rewrites)
         gained = log.apply(reply)
+        if log.old_agent:
+            self.log_view(name).follow = False  # a tail only: shown as it was read
         if select or (log.end, log.rewrites) != before:
             self.version += 1  # else nothing to draw: a follow call that found nothing new
         if select:

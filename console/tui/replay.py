@@ -16,6 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
 from console.replay import Recording, parse_time, when
+from console.sanitize import shown_markup
 from console.tui.app import KEYMAP_OWNERS, FleetdeckApp
 from console.tui.handlers import NAVIGATION
 from console.tui.history import MAX_POINTS
@@ -59,7 +60,7 @@ class TimeModal(ModalScreen[str | None]):
         try:
             parse_time(event.value, self.start, self.end)
         except ValueError as exc:
-            self.query_one("#replay-error", Static).update(str(exc))
+            self.query_one("#replay-error", Static).update(shown_markup(exc))  # typed text
             return
         self.dismiss(event.value)
 
@@ -129,11 +130,12 @@ class ReplayApp(FleetdeckApp):
 
         state = f"playing {self.speed}x" if self.playing else "paused"
         at = rec.now - rec.start
-        return (f" REPLAY {rec.node} · {when(rec.now)} UTC · +{_span(at)} of "
+        text = (f" REPLAY {rec.node} · {when(rec.now)} UTC · +{_span(at)} of "
                 f"{_span(rec.end - rec.start)} · sample {rec.cursor + 1}/{len(rec.samples)} · "
                 f"{state} · {k('replay_play')} play · {k('replay_back')} "
                 f"{k('replay_step')} step · {k('replay_jump')} jump · "
                 f"{k('replay_slower')} {k('replay_faster')} speed")
+        return shown_markup(text)  # the node is a folder's name, and `[` is a key
 
     def redraw(self) -> None:
         super().redraw()

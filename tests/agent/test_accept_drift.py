@@ -108,3 +108,14 @@ def test_a_server_s_drop_survives_a_supervisor_restart(supervised) -> None:
     again = wait_status(run.run_dir, lambda s: s["source"] == "supervisor" and dropped(s),
                         180, "accept_drop again after the restart")
     assert again["supervisor_pid"] != first["supervisor_pid"]
+
+
+def test_a_unicode_digit_server_key_in_the_history_is_no_crash(tmp_path: Path) -> None:
+    """'²'.isdigit() holds but int('²') raises: a recorded key like it sorts after the numbers
+    and the fleet is judged all the same."""
+    now = history_with_last(tmp_path, {0: 1.9, 1: 2.0, 2: 2.3})
+    path = tmp_path / "history.jsonl"
+    path.write_text(path.read_text().replace('"2": {"url"', '"\\u00b2": {"url"'))
+    got = judged(tmp_path, now, {0: 1.9, 1: 2.0})
+    msg = got["accept_drift"]
+    assert "server 0 3.00 → 1.90, server 1 3.00 → 2.00, server ² 3.00 → 2.30" in msg, msg

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agents.rundir.histstore import COMPACT, HistoryError, HistoryStore, read_history
-from tests.agent.histories import STEP_S, write_history
+from tests.agent.histories import STEP_S, sample, write_history
 from tests.agent.stdio import request, serve
 
 T0 = 1_700_000_000.0  # a minute boundary
@@ -215,3 +215,20 @@ def test_read_history_refuses_a_symlinked_history(tmp_path: Path) -> None:
     (run / "history.jsonl").symlink_to(outside)
     got = read_history(run, "all")
     assert got.items == [] and got.refused is not None and "symbolic link" in got.refused
+
+
+def test_all_is_never_empty_past_the_coarsest_step(tmp_path: Path) -> None:
+    """One bogus early sample (a clock at 1970) puts the run's start 50 years back: even one
+    day per point is too fine for the limit, and the coarsest step is served all the same."""
+    with open(tmp_path / "history.jsonl", "w") as f:
+        f.write(json.dumps(sample(0, 1.0)) + "\n")
+    samples = write_history(tmp_path / "history.jsonl", T0, 360, first=1)
+    got = HistoryStore(tmp_path).window("all", limit=1000)
+    assert got.step_s == 86400 and not got.more
+    assert sum(i["samples"] for i in got.items) == len(samples) + 1
+    assert got.items[0]["first_at"] == 1.0
+    assert got.items[-1]["completed"] == samples[-1]["completed"]
+    # Fewer points than the coarsest fold gives: its newest, and `more` says so.
+    one = HistoryStore(tmp_path).window("all", limit=1)
+    assert one.more and len(one.items) == 1
+    assert one.items[0]["completed"] == samples[-1]["completed"]

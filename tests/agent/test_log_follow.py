@@ -155,3 +155,55 @@ async def test_bad_offsets_are_named(link: AgentLink, params: dict[str, Any]) ->
         await logs(link, name="generate", **params)
     assert err.value.code == INVALID_PARAMS
     assert any(word in err.value.message for word in ("from", "inode", "before")), err.value
+
+
+async def test_a_growing_line_past_the_window_is_followed_without_restarts(
+        link: AgentLink) -> None:
+    """A tqdm bar writing \\r and never \\n: once its line passes the 4 MiB an answer reads, the
+    follow goes on inside it (`mid_line`), never "rewritten" each second; its end brings the
+    lines after it, each once."""
+    path = log_file(link)
+    log = FollowedLog("generate")
+    log.apply(await logs(link, **log.params(100)))
+    bar = b"\r 12%|##        | 120/1000" * 200_000  # 5.2 MiB, no newline
+    append(path, bar)
+    notes = []
+    for _ in range(4):
+        got = await logs(link, **log.params(100))
+        assert got["restarted"] is None, got["restarted"]
+        gained = log.apply(got)
+        assert gained is not None
+        notes.append(gained.note)
+        assert log.mid_line and log.next_from == os.path.getsize(path)
+        append(path, b"\r 13%|##        | 130/1000" * 1000)
+    assert not any(n and "rewritten" in n for n in notes)
+    # The first answer showed the line's last 4 MiB once (cut); the rest added no line.
+    bars = [x for x in log.lines if "120/1000" in x]
+    assert len(bars) == 1 and "more characters" in bars[0]
+    append(path, b"\ndone\nnext\n")
+    got = await logs(link, **log.params(100))
+    assert got["restarted"] is None and got["skipped_bytes"] == 0
+    log.apply(got)
+    assert list(log.lines)[-2:] == ["done", "next"] and not log.mid_line
+    assert log.next_from == os.path.getsize(path)
+    # A tail whose whole window is inside the line says so too, and is followed from there.
+    path.write_bytes(b"start\n" + bar)
+    tail_log = FollowedLog("generate")
+    got = await logs(link, **tail_log.params(10))
+    assert got["mid_line"] is True and got["next_from"] == os.path.getsize(path)
+    tail_log.apply(got)
+    append(path, b"x\nafter\n")
+    got = await logs(link, **tail_log.params(10))
+    assert got["restarted"] is None
+    tail_log.apply(got)
+    assert list(tail_log.lines)[-1] == "after"
+
+
+async def test_a_mid_line_offset_that_follows_a_newline_restarts(link: AgentLink) -> None:
+    first = await logs(link, name="generate", n=10)  # "one\ntwo\n": 4 is a line's start
+    got = await logs(link, name="generate", **{"from": 4}, inode=first["inode"],
+                     mid_line=True)
+    assert got["restarted"] == "rewritten" and got["lines"] == ["one", "two"]
+    with pytest.raises(RpcError) as err:
+        await logs(link, name="generate", **{"from": 4}, mid_line="yes")
+    assert err.value.code == INVALID_PARAMS and "mid_line" in err.value.message

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from rich.segment import Segment
+from textual.markup import to_content
 from textual.widgets import Input, Label
 
 from console.fleet import ConsoleSettings, Fleet, Node
@@ -175,3 +176,45 @@ async def test_a_log_that_goes_stops_following_and_says_why(run_dir: Path) -> No
         await until(pilot, lambda: rec.has("not following it"), 120, "the refusal reported")
         assert rec.has("symbolic link") and "not following" in title(app)
         assert len(log.lines) == 303 and not any("supervisor" in x for x in log.lines)
+
+
+OLD_AGENT = Path(__file__).resolve().parents[1] / "servers" / "old_log_agent.py"
+
+
+async def test_an_old_agent_s_log_is_shown_not_followed(run_dir: Path) -> None:
+    """An agent from before following answers a tail only: the pane shows it, not following,
+    and says once (in the log) that a bootstrap upgrades the agent."""
+    rec = Recorder()
+    node = Node(name="loc-1", run_dir=str(run_dir), local=True,
+                agent=f"{sys.executable} {OLD_AGENT}")
+    app = FleetdeckApp(Fleet(nodes=[node], console=ConsoleSettings(bell=False),
+                             source="test-fleet"))
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        await until(pilot, lambda: app.state.nodes["loc-1"].link == "connected", 120,
+                    "the local agent connected")
+        await pilot.press("enter")
+        await until(pilot, lambda: on_screen(app, GenerateScreen), 120, "the node screen")
+        await pilot.press("l")
+        await until(pilot, lambda: pane(app).view is not None
+                    and any("batch 299 done" in x for x in pane(app).lines)
+                    and app.screen.active_tab == "tab-log", 120, "the generate log")
+        log = pane(app)
+        assert "not following" in title(app) and app.log_follower.due() is None
+        assert log.lines[-1] == "-- fleetdeck: this agent cannot follow logs: fleetdeck " \
+            "bootstrap NODE upgrades it --"
+        assert not rec.has("not following it") and not app.render_errors
+
+
+async def test_a_search_with_markup_in_it_is_shown_as_typed(run_dir: Path) -> None:
+    rec = Recorder()
+    app = FleetdeckApp(fleet(run_dir))
+    async with app.run_test(size=SIZE, message_hook=rec) as pilot:
+        log = await open_log(pilot, app)
+        await pilot.press("slash")
+        await pilot.press(*"[bold]x[/", "enter")
+        assert log.view is not None and log.view.search == "[bold]x[/"
+        note = await until(pilot, lambda: next(
+            (n for n in rec.notes if n.startswith("no line holds")), None), 60, "the note")
+        # What the toast shows: its markup read as Textual reads it.
+        assert to_content(note).plain == "no line holds '[bold]x[/'"
+        assert not app.render_errors

@@ -28,7 +28,7 @@ def answer(lines: list[str], next_from: int, **more: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("bad", [
     None, [], "lines", {"lines": "a\nb", "next_from": 3},
-    {"lines": ["a", 5], "next_from": 3}, {"lines": ["a"]},
+    {"lines": ["a", 5], "next_from": 3},
     {"lines": ["a"], "next_from": -1}, {"lines": ["a"], "next_from": True},
     {"lines": ["a"], "next_from": "3"}, {"lines": ["a"], "next_from": 3, "inode": -4},
     {"lines": ["a"], "next_from": 3, "restarted": "gone"},
@@ -41,9 +41,24 @@ def test_a_malformed_answer_is_refused_and_nothing_kept(bad: Any) -> None:
     assert not log.lines and log.next_from is None
 
 
-def test_an_old_agent_is_named_with_the_fix() -> None:
-    with pytest.raises(BadLogAnswer, match="bootstrap"):
-        FollowedLog("generate").apply({"path": "x", "lines": ["a"], "next_before": None})
+def test_an_old_agent_s_tail_is_kept_not_followed_and_named_with_the_fix_once() -> None:
+    """An agent from before following answers a tail only: kept (again in place, never
+    doubled), not followed (no `from` asked), the fix said once."""
+    log = FollowedLog("generate")
+    old = {"path": "x", "size": 4, "lines": ["a", "b"], "next_before": None}
+    gained = log.apply(old)
+    assert gained is not None and gained.lines == ["a", "b"]
+    assert gained.note is not None and "fleetdeck bootstrap NODE" in gained.note
+    assert log.old_agent and log.next_from is None and "from" not in log.params(10)
+    assert list(log.lines)[:2] == ["a", "b"] and log.levels[-1] == MARK
+    again = log.apply({**old, "lines": ["a", "b", "c"]})
+    assert again is not None and again.note is None
+    assert list(log.lines)[:3] == ["a", "b", "c"] and len(log.lines) == 4
+    # A follower that had an offset and then gets none: not the protocol.
+    following = FollowedLog("generate")
+    following.apply(answer(["a"], 2))
+    with pytest.raises(BadLogAnswer, match="next_from"):
+        following.apply(old)
 
 
 def test_memory_is_bounded_in_lines_and_in_line_length() -> None:

@@ -98,3 +98,34 @@ def test_logs_without_follow_prints_the_tail_and_exits(sshd: SshServer, tmp_path
                         "gen-1", "../run.toml"], capture_output=True, text=True, timeout=180)
     assert r.returncode == 1 and "refused" in r.stderr and r.stdout == ""
     assert os.path.exists(run_dir / "logs" / "supervisor.log")
+
+
+OLD_AGENT = Path(__file__).resolve().parents[1] / "servers" / "old_log_agent.py"
+
+
+def old_agent_fleet(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "generate.log").write_bytes(
+        b"".join(b"old %d\n" % i for i in range(20)))
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(f'[[nodes]]\nname = "gen-1"\nlocal = true\nrun_dir = "{run_dir}"\n'
+                     f'agent = "{sys.executable} {OLD_AGENT}"\n')
+    return fleet
+
+
+def test_an_agent_from_before_following_still_shows_its_tail(tmp_path: Path) -> None:
+    """An agent whose `logs` answers no next_from (a tail only): `logs` prints it and exits 0;
+    `--follow` prints it once, says once that following needs a bootstrap, and ends."""
+    fleet = old_agent_fleet(tmp_path)
+    cmd = [sys.executable, "-m", "console.cli", "--fleet", str(fleet), "logs", "gen-1",
+           "generate", "-n", "3"]
+    plain = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines() == ["old 17", "old 18", "old 19"]
+    assert "bootstrap" not in plain.stderr  # following was not asked for
+    follow = subprocess.run([*cmd, "--follow", "--interval", "0.2"], capture_output=True,
+                            text=True, timeout=180)
+    assert follow.returncode == 0, follow.stderr
+    assert follow.stdout.splitlines() == ["old 17", "old 18", "old 19"]
+    assert follow.stderr.count("fleetdeck bootstrap NODE") == 1, follow.stderr

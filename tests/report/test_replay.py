@@ -14,6 +14,7 @@ import pytest
 from console.replay import NoRecording, load, parse_time
 from console.tui.replay import ReplayApp, ReplayBar, TimeModal
 from console.tui.screens.node import GenerateScreen
+from tests.agent.histories import write_history
 from tests.console.conftest import on_screen, until
 from tests.console.screen import Recorder, screen_text
 
@@ -120,3 +121,24 @@ def test_times_to_jump_to() -> None:
     assert parse_time("2026-12-06 08:00:00", start, end) == start + 4800
     with pytest.raises(ValueError, match="25:00"):
         parse_time("25:00", start, end)
+
+
+async def test_a_node_folder_or_a_typed_time_with_markup_is_shown_as_written(
+        tmp_path: Path) -> None:
+    """The bar names the node by its pull folder, the jump prompt echoes what was typed: a
+    `[` in either is shown, never read as Textual markup (no MarkupError, no restyle)."""
+    name = "[bold]x[red]"
+    run = tmp_path / "pulls" / name / "run"
+    run.mkdir(parents=True)
+    write_history(run / "history.jsonl", 1_700_000_000.0, 20)
+    app = ReplayApp(load(run.parent))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: f"REPLAY {name} ·" in bar(app)
+                    and f"REPLAY {name} ·" in screen_text(app), 60, "the bar, named")
+        await pilot.press("g")
+        modal = await until(pilot, lambda: on_screen(app, TimeModal), 60, "the jump prompt")
+        await pilot.press(*"[bold]x[/", "enter")
+        await until(pilot, lambda: "'[bold]x[/' is not a time" in str(
+            modal.query_one("#replay-error").render())
+            and "'[bold]x[/' is not a time" in screen_text(app), 60, "the refusal, as typed")
+        assert not app.render_errors

@@ -196,7 +196,7 @@ class LogPane(Vertical):
             return
         found = self.matches()
         if not found:
-            self.notify(f"no line holds {shown(view.search)!r}", severity="warning",
+            self.notify(f"no line holds {shown_markup(repr(view.search))}", severity="warning",
                         timeout=3)
             return
         lines = self.log_lines
