@@ -74,7 +74,7 @@ async def fetch(link: AgentLink, timeout: float = 120.0,
 def class_label(event: str, error: str) -> str:
     """The error class in words (escaped: it is the node's string)."""
     if event == "failed":
-        if error.startswith("http_") and error[5:].isdigit():
+        if error.startswith("http_") and error[5:].isascii() and error[5:].isdigit():
             return f"HTTP {error[5:]}"
         return _FAILED.get(error, shown(error))
     if event == "requeued":

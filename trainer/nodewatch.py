@@ -30,7 +30,8 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     """"HOST:PORT" (or "[v6]:PORT") -> (host, port); ValueError naming the value."""
     host, sep, port = endpoint.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    number = port.isascii() and port.isdigit()  # "²".isdigit() holds; int("²") raises
+    if not sep or not host or not number or not 1 <= int(port) <= 65535:
         raise ValueError(f"{endpoint!r} is not HOST:PORT")
     return host, int(port)
 

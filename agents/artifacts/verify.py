@@ -126,7 +126,7 @@ def run_facts(run_dir: Path) -> tuple[str, S3Section | None]:
 def multipart_count(etag: str) -> int | None:
     """3 for `<md5-of-md5s>-3`; None for a plain MD5."""
     head, sep, tail = etag.rpartition("-")
-    return int(tail) if sep and head and tail.isdigit() else None
+    return int(tail) if sep and head and tail.isascii() and tail.isdigit() else None
 
 
 @dataclass(slots=True)

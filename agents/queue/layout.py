@@ -64,4 +64,4 @@ class Layout:
 def chunk_of_key(key: str) -> int | None:
     """The chunk number at the end of a lease, backup or commit key; None for anything else."""
     tail = key.rsplit("/", 1)[-1]
-    return int(tail) if len(tail) == CHUNK_DIGITS and tail.isdigit() else None
+    return int(tail) if len(tail) == CHUNK_DIGITS and tail.isascii() and tail.isdigit() else None

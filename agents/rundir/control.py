@@ -60,7 +60,7 @@ def parse_resize_value(value: object) -> int | str:
     """`resize`'s VALUE: a whole number >= 0 or "auto"; ControlError naming it otherwise."""
     if value == AUTO:
         return AUTO
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value

@@ -197,7 +197,9 @@ class Pager:
             return None
         if r.status_code in (408, 429) or r.status_code >= 500:
             after = r.headers.get("Retry-After", "")
-            wait = min(float(after), self.backoff_max_s) if after.isdigit() else 0.0
+            # ASCII digits only: "²".isdigit() holds, and float("²") raises.
+            seconds = after.isascii() and after.isdigit()
+            wait = min(float(after), self.backoff_max_s) if seconds else 0.0
             return self._failed(f"the receiver answered {r.status_code}", wait)
         # Any other 4xx says the same to every retry (a revoked hook, a bad body).
         self.status.dropped += len(batch)

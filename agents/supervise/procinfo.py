@@ -67,7 +67,7 @@ def group_members(pgid: int) -> list[int]:
     out), stopped ones included: /proc/PID/stat field 5 of every process."""
     out = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not (entry.name.isascii() and entry.name.isdigit()):
             continue
         rest = _stat_fields(entry.name)
         if rest is None or len(rest) < 3 or rest[0] in (b"Z", b"X"):

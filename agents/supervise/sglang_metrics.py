@@ -153,7 +153,7 @@ def read_metrics(text: str) -> MetricsReading:
                    ("gen_throughput", ("gen_throughput",)), ("token_usage", ("token_usage",)))
     per_rank = {f: _by_rank(samples, n) for f, n in rank_fields}
     ranks = sorted({r for values in per_rank.values() for r in values if r is not None},
-                   key=lambda r: int(r) if r.isdigit() else 0)
+                   key=lambda r: int(r) if r.isascii() and r.isdigit() else 0)
     for r in ranks:
         row: dict[str, float | int | None] = {}
         for f, values in per_rank.items():

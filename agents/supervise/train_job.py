@@ -20,7 +20,7 @@ def children(pid: int) -> list[int]:
     own, so its process group does not hold them)."""
     out = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not (entry.isascii() and entry.isdigit()):
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_bytes()
