@@ -4,7 +4,6 @@ when every line was read and written: a refused line leaves no half dataset behi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ from typing import Any
 
 from agents.rundir.atomic import fsync_dir
 from console.dataset.rows import RowError, row, schema
-from console.dataset.source import Data
+from console.dataset.source import Data, file_sha256
 from trainer.readstats import ReadStats
 
 SHARD_BYTES = 256 << 20  # text per shard: the Hub's viewer and loaders like a few hundred MB
@@ -156,13 +155,6 @@ def _refuse_bad(stats: ReadStats) -> None:
                           "read is never exported; fix or remove it on the node, pull again")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 CARD = "README.md"  # written by the export, then the user's to edit (license, description)
 
@@ -181,7 +173,7 @@ def _files(folder: Path) -> dict[str, Path]:
 
 
 def _print(path: Path) -> list[Any]:
-    return [path.stat().st_size, _sha256(path)]
+    return [path.stat().st_size, file_sha256(path)]
 
 
 def fingerprint(folder: Path) -> dict[str, list[Any]]:
@@ -256,7 +248,7 @@ def earlier_export(out: Path, target: str, source: str) -> tuple[dict[str, Any] 
         if not (isinstance(want, list) and len(want) == 2):
             return None, f"{out / MARK}: {rel}: not [size, sha256]"
         size = path.stat().st_size
-        if size != want[0] or _sha256(path) != want[1]:
+        if size != want[0] or file_sha256(path) != want[1]:
             return None, f"{out / rel}: changed since it was exported"
     return mark, f"{out}: the export of {target} made at {mark.get('made_at')}, every data " \
         "file as written"

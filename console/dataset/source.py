@@ -86,12 +86,9 @@ def _json_file(path: Path) -> dict[str, Any] | None:
     return got
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _manifest(copy: Path) -> list[ManifestEntry]:
@@ -169,7 +166,7 @@ def node_copy(copy: Path) -> Data:
             problems.append(f"{rel}: not in this copy ({PULL_ALL})")
             continue
         size = here.stat().st_size
-        got = _sha256(here)
+        got = file_sha256(here)
         if (size, got) != (e.size, e.sha256):
             problems.append(f"{here}: {size} bytes, sha256 {got}, but the manifest saved at "
                             f"pull time says {e.size} bytes, sha256 {e.sha256}: changed "
