@@ -42,7 +42,10 @@ class NodeView(View):
 
     @property
     def active_tab(self) -> str:
-        return self.query_one(TabbedContent).active
+        """The tab shown; "" while the screen's widgets are not there (mounted, not yet
+        composed, or being torn down: the app's tick asks at any moment)."""
+        found = self.query(TabbedContent)
+        return found.first().active if found else ""
 
     @property
     def log_pane(self) -> LogPane:
