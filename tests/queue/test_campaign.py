@@ -260,8 +260,12 @@ def test_s3_killed_and_restarted_mid_run(tmp_path: Path, own_s3: S3Server,
     env = _env(own_s3)
     for n in fleet:
         n.start(env)
-    wait_until(lambda: sum(_queue(n).get("committed_here", 0) for n in fleet) >= 1, RUN_S,
-               "a first commit")
+    # Every node in the queue before S3 goes: an engine opening its queue probes S3 and
+    # refuses to start without it (ci9: s1 started after the first commit, on a loaded box,
+    # and met a dead S3 at its start, which is not what this test is about).
+    wait_until(lambda: all(_queue(n) for n in fleet) and
+               sum(_queue(n).get("committed_here", 0) for n in fleet) >= 1, RUN_S,
+               "every node in the queue and a first commit")
     own_s3.kill()
     wait_until(lambda: any((n.progress() or {}).get("completed", 0) > 0 and
                            (_queue(n).get("s3_error") or (n.progress() or {}).get("s3_error"))
