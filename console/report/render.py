@@ -115,11 +115,16 @@ def _in_flight(ax: Any, runs: list[RunHistory], t: TimeAxis) -> None:
         right.plot(xs, [s.left for s in pts], linestyle=":", color=line.get_color(),
                    label=_label(h, runs, "queue: prompts left"))
     ax.set_ylabel("requests in flight")
-    right.set_ylabel("prompts left")
+    _twin_legend(ax, right, "prompts left", "upper right")
+
+
+def _twin_legend(ax: Any, right: Any, right_label: str, where: str) -> None:
+    """The right-hand axis labelled from 0, and one legend for both axes' lines."""
+    right.set_ylabel(right_label)
     right.set_ylim(bottom=0)
     lines, labels = ax.get_legend_handles_labels()
     more, more_labels = right.get_legend_handles_labels()
-    ax.legend(lines + more, labels + more_labels, loc="upper right", fontsize="small")
+    ax.legend(lines + more, labels + more_labels, loc=where, fontsize="small")
 
 
 def _truncation(ax: Any, runs: list[RunHistory], t: TimeAxis) -> None:
@@ -145,11 +150,7 @@ def _failures(ax: Any, runs: list[RunHistory], t: TimeAxis) -> None:
         right.plot(xs, [s.failed for s in pts], color=bars.patches[0].get_facecolor()
                    if bars.patches else None, label=_label(h, runs, "failed, whole run"))
     ax.set_ylabel("failed per step")
-    right.set_ylabel("failed, whole run")
-    right.set_ylim(bottom=0)
-    lines, labels = ax.get_legend_handles_labels()
-    more, more_labels = right.get_legend_handles_labels()
-    ax.legend(lines + more, labels + more_labels, loc="upper left", fontsize="small")
+    _twin_legend(ax, right, "failed, whole run", "upper left")
 
 
 def _eta(ax: Any, runs: list[RunHistory], t: TimeAxis) -> None:
