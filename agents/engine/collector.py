@@ -55,9 +55,11 @@ def resident_bytes() -> int:
 class Collector:
     """Young collections on a clock; a full one only when memory grew (see the module)."""
 
-    def __init__(self, live: Callable[[], int], growth_min: int = FULL_GROWTH_MIN) -> None:
+    def __init__(self, live: Callable[[], int], growth_min: int = FULL_GROWTH_MIN,
+                 growth: float = FULL_GROWTH) -> None:
         self.live = live  # requests in flight now (what a full collection's pass is over)
         self.growth_min = growth_min
+        self.growth = growth
         self.full_collections = 0
         self.worst_full_ms = 0.0
         self.worst_full_cpu_ms = 0.0
@@ -76,10 +78,10 @@ class Collector:
                  "CPU", why, found, ms, cpu_ms)
 
     def grown(self) -> bool:
-        """The resident set past FULL_GROWTH x (and FULL_GROWTH_MIN over) the last full
+        """The resident set past `growth` x (and `growth_min` over) the last full
         collection's: garbage in cycles may be what grew."""
         rss = resident_bytes()
-        return rss > max(self._rss_after_full * FULL_GROWTH,
+        return rss > max(self._rss_after_full * self.growth,
                          self._rss_after_full + self.growth_min)
 
     async def run(self) -> None:
