@@ -90,9 +90,13 @@ async def test_old_cycles_are_freed_when_memory_grows(gc_settings: None) -> None
     task = asyncio.create_task(collector.run())
     await asyncio.sleep(0)  # its start: the resident set it measures growth from
     try:
+        # Cycles, dead but not freed, until the resident set has grown 64 MiB: memory this
+        # worker freed before is reused first, so a fixed 100 MiB grew it by 36 (ci11).
         before = resident_bytes()
-        refs = old_cycles(100, 2**20)  # 100 MiB in cycles, dead but not freed
-        assert resident_bytes() > before + 64 * 2**20
+        refs: list[weakref.ref[Node]] = []
+        while resident_bytes() <= before + 64 * 2**20:
+            assert len(refs) < 2048, "2 GiB in cycles and the resident set did not grow"
+            refs += old_cycles(16, 2**20)
         await wait_freed(refs)
         assert collector.full_collections >= 1
     finally:
