@@ -245,42 +245,30 @@ async def run_fleetdeck(lines: list[list[bytes]], names: list[str], gpus: int, s
     encode_frames(app)
     timed = Timed(app)
     results = []
+    async def measure(label: str, duration: float) -> None:
+        """Warm up (not counted: rows made, columns sized, the layouts that follow land in
+        the next second's first tick), then feed for `duration` with every tick timed."""
+        timed.recording = False
+        await feed(lines, names, WARM_S, timed.apply)
+        await asyncio.sleep(0)
+        timed.reset()
+        timed.recording = True
+        wall, cpu, count = await feed(lines, names, duration, timed.apply)
+        timed.close_tick()
+        timed.recording = False
+        results.append(summary(label, wall, cpu, count, timed))
+
     async with app.run_test(size=SIZE) as pilot:
         for name in names:
             app.state.set_link(name, "connected", None)
-        timed.recording = False
-        # Start-up is not counted: rows created, columns sized, and the layouts that follow
-        # (they land in the next second's first tick)
-        await feed(lines, names, WARM_S, timed.apply)
-        await pilot.pause()
-        timed.reset()
-        timed.recording = True
-        wall, cpu, count = await feed(lines, names, seconds, timed.apply)
-        timed.close_tick()
-        timed.recording = False
-        results.append(summary(f"fleetdeck: fleet view ({len(names)} rows)", wall, cpu, count,
-                               timed))
+        await measure(f"fleetdeck: fleet view ({len(names)} rows)", seconds)
         # Sorted by rate, which every node's snapshot changes: rows move on most ticks.
         await pilot.press(*"o" * (SORTABLE.index("rate") + 1))
         await pilot.pause()
-        timed.recording = False
-        await feed(lines, names, WARM_S, timed.apply)
-        timed.reset()
-        timed.recording = True
-        wall, cpu, count = await feed(lines, names, seconds, timed.apply)
-        timed.close_tick()
-        timed.recording = False
-        results.append(summary("fleetdeck: fleet sorted by rate", wall, cpu, count, timed))
+        await measure("fleetdeck: fleet sorted by rate", seconds)
         await pilot.press("enter")  # the first node's screen
         await pilot.pause()
-        timed.recording = False
-        await feed(lines, names, WARM_S, timed.apply)
-        timed.reset()
-        timed.recording = True
-        wall, cpu, count = await feed(lines, names, node_seconds, timed.apply)
-        timed.close_tick()
-        timed.recording = False
-        results.append(summary(f"fleetdeck: node view ({gpus} GPUs)", wall, cpu, count, timed))
+        await measure(f"fleetdeck: node view ({gpus} GPUs)", node_seconds)
         assert not app.render_errors, app.render_errors
     return results
 
