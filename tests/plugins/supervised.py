@@ -46,16 +46,33 @@ def rpc_status(run_dir: Path) -> dict[str, Any]:
 def wait_status(run_dir: Path, cond: Callable[[dict[str, Any]], bool], timeout: float,
                 what: str) -> dict[str, Any]:
     seen: dict[str, Any] = {}
+    last: list[dict[str, Any]] = []
 
     def check() -> bool:
         snap = rpc_status(run_dir)
+        last[:] = [snap]
         if cond(snap):
             seen.update(snap)
             return True
         return False
 
-    wait_until(check, timeout, what, interval=0.2)
+    try:
+        wait_until(check, timeout, what, interval=0.2)
+    except TimeoutError as exc:  # what the run said last, and its logs' ends: a CI failure
+        raise TimeoutError(f"{exc}\n{_last_words(run_dir, last[0] if last else None)}") from None
     return seen
+
+
+def _last_words(run_dir: Path, snap: dict[str, Any] | None) -> str:
+    """The status last read and the tail of each log under the run dir's logs/."""
+    out = [f"last status: {json.dumps(snap, default=str)[:3000]}"]
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        try:
+            tail = log.read_bytes()[-4000:].decode("utf-8", "replace")
+        except OSError as exc:
+            tail = f"({exc})"
+        out.append(f"--- {log.name} (tail) ---\n{tail}")
+    return "\n".join(out)
 
 
 def wait_progressing(cond: Callable[[], bool], progress: Callable[[], object], stall_s: float,
