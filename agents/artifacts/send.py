@@ -16,10 +16,12 @@ supervisor's runtime files and temporary names are refused, per file, with the r
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,6 +33,11 @@ MAGIC = b"FLEETDECK-SEND 1\n"
 # A request line longer than this is refused (a path is at most 4 KiB on Linux).
 MAX_REQUEST = 16 * 1024
 SENDFILE_CHUNK = 8 * 1024 * 1024
+# Files up to SMALL bytes are read and gathered with their headers into writes of GATHER
+# bytes; bigger ones go by sendfile(2).
+SMALL = 256 * 1024
+GATHER = 1024 * 1024
+READ = 64 * 1024
 
 
 class SendError(Exception):
@@ -67,7 +74,26 @@ def _refused(rel: str) -> str | None:
     return None
 
 
-def _send_one(out_fd: int, run_dir: Path, i: int, rel: str, offset: int, length: int) -> int:
+class _Out:
+    """stdout with small writes gathered: a thousand small files go as a few large writes (a
+    few SSH packets), not two small ones each (a header, then the bytes)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) >= GATHER:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            _write_all(self.fd, bytes(self.buf))
+            self.buf.clear()
+
+
+def _send_one(out: _Out, run_dir: Path, i: int, rel: str, offset: int, length: int) -> int:
     """Write one file's header and bytes; returns the byte count sent."""
     try:
         rel = request_path(run_dir, rel, "path")
@@ -76,30 +102,51 @@ def _send_one(out_fd: int, run_dir: Path, i: int, rel: str, offset: int, length:
             raise OutsideRunDir(f"{rel}: {why}")
         fd = open_confined(run_dir, rel)
     except (OutsideRunDir, OSError) as exc:
-        _write_all(out_fd, _header(i, n=0, error=str(exc)))
+        out.write(_header(i, n=0, error=str(exc)))
         return 0
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            _write_all(out_fd, _header(i, n=0, error=f"{rel}: not a regular file"))
+            out.write(_header(i, n=0, error=f"{rel}: not a regular file"))
             return 0
         n = max(0, min(length, st.st_size - offset))
-        _write_all(out_fd, _header(i, n=n))
+        out.write(_header(i, n=n))
+        if n <= SMALL:
+            data = _pread_all(fd, n, offset)
+            # The file shrank since fstat: the frame must still be whole, so pad with
+            # zeros; the console's sha256 check refuses it.
+            out.write(data + bytes(n - len(data)))
+            return n
+        out.flush()
         sent = 0
         while sent < n:
             try:
-                k = os.sendfile(out_fd, fd, offset + sent, min(SENDFILE_CHUNK, n - sent))
+                k = os.sendfile(out.fd, fd, offset + sent, min(SENDFILE_CHUNK, n - sent))
             except OSError:
                 k = 0
             if k == 0:
-                # The file shrank since fstat (or sendfile cannot serve it): the frame must
-                # still be whole, so pad with zeros; the console's sha256 check refuses it.
-                _write_all(out_fd, bytes(min(SENDFILE_CHUNK, n - sent)))
+                # As above: shrank (or sendfile cannot serve it): zeros, refused there.
+                _write_all(out.fd, bytes(min(SENDFILE_CHUNK, n - sent)))
                 k = min(SENDFILE_CHUNK, n - sent)
             sent += k
         return sent
     finally:
         os.close(fd)
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    parts = []
+    got = 0
+    while got < n:
+        try:
+            chunk = os.pread(fd, n - got, offset + got)
+        except OSError:
+            break
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 def _header(i: int, n: int, error: str | None = None) -> bytes:
@@ -119,11 +166,20 @@ def _write_all(fd: int, data: bytes) -> None:
 def serve(run_dir: Path, stdin: BinaryIO, out_fd: int) -> int:
     """Answer every request on stdin in order; returns the exit status (2: a bad request,
     after the files before it were sent)."""
-    _write_all(out_fd, MAGIC)
-    run_dir = run_dir.resolve()
+    out = _Out(out_fd)
+    out.write(MAGIC)
+    out.flush()
+    try:
+        return _serve(run_dir.resolve(), stdin, out)
+    finally:
+        out.flush()  # what was gathered goes, also before a bad request's exit
+
+
+def _serve(run_dir: Path, stdin: BinaryIO, out: _Out) -> int:
+    requests = _Requests(stdin, before_wait=out.flush)
     number = index = 0
     while True:
-        line = stdin.readline(MAX_REQUEST + 1)
+        line = requests.readline(MAX_REQUEST + 1)
         if not line:
             return 0
         number += 1
@@ -138,5 +194,37 @@ def serve(run_dir: Path, stdin: BinaryIO, out_fd: int) -> int:
         except SendError as exc:
             print(f"send-files: {exc}", file=sys.stderr)
             return 2
-        _send_one(out_fd, run_dir, index, rel, offset, length)
+        _send_one(out, run_dir, index, rel, offset, length)
         index += 1
+
+
+class _Requests:
+    """The request lines, read here from stdin's descriptor: before a read that may wait for
+    the console, `before_wait` runs (what is gathered goes out first, so the console is never
+    kept waiting for bytes that sit here while this waits for it)."""
+
+    def __init__(self, stdin: BinaryIO, before_wait: Callable[[], None]) -> None:
+        try:
+            self.fd: int | None = stdin.fileno()
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            self.fd = None  # an in-memory stream (tests): it never waits
+        self.stdin = stdin
+        self.before_wait = before_wait
+        self.buf = bytearray()
+        self.eof = False
+
+    def readline(self, limit: int) -> bytes:
+        """The next line with its newline, at most `limit` bytes (a longer one is cut there);
+        the last bytes without one at EOF; b"" after."""
+        while True:
+            nl = self.buf.find(b"\n", 0, limit)
+            if nl >= 0 or len(self.buf) >= limit or self.eof:
+                end = nl + 1 if nl >= 0 else min(limit, len(self.buf))
+                line = bytes(self.buf[:end])
+                del self.buf[:end]
+                return line
+            self.before_wait()
+            chunk = os.read(self.fd, READ) if self.fd is not None else self.stdin.read(READ)
+            if not chunk:
+                self.eof = True
+            self.buf += chunk

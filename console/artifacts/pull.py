@@ -13,23 +13,20 @@ batches of files to OpenSSH's sftp processes and checks each as sftp passes it.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import hashlib
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 import asyncssh
 
 from agents.rundir.atomic import make_dirs, replace_durably
 from agents.rundir.schema import ManifestEntry
 from console.artifacts import opensftp
-from console.artifacts.pullset import STATE_DIR, confined, safe_rel
+from console.artifacts.landing import EARLY_MIN, Hashed, Lander, Landing, finish_part
+from console.artifacts.pullset import STATE_DIR, Confiner, safe_rel
 from console.artifacts.sources import CHUNK, OpensshSource, PullError, Source
 from console.artifacts.streamed import StreamFetcher
 from console.sanitize import shown
@@ -40,7 +37,6 @@ PART_SUFFIX = ".fdpart"
 # How often the OpenSSH path looks at the parts' sizes: sftp in batch mode reports no progress;
 # each look also hashes what arrived in the parts of files of at least EARLY_MIN bytes.
 PROGRESS_POLL_S = 0.25
-EARLY_MIN = 4 * 1024 * 1024
 # Preferred ciphers for bulk copies: AES-GCM runs on the CPU's AES instructions.
 PULL_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
                 "chacha20-poly1305@openssh.com"]
@@ -99,100 +95,22 @@ def local_sha256(path: Path, size: int) -> str | None:
     return h.hexdigest()
 
 
-def local_path(dest: Path, path: str) -> tuple[str, Path]:
+def local_path(dest: Path, path: str, confine: Confiner | None = None,
+               made: set[Path] | None = None) -> tuple[str, Path]:
     """Where a manifest path goes under dest, its folder made: PullError when the path is
-    refused, lands outside dest once resolved, or its folder cannot be made."""
+    refused, lands outside dest once resolved, or its folder cannot be made. Many paths:
+    one `confine` for them all, and `made`, the folders made so far."""
+    confine = confine or Confiner(dest)
     rel = safe_rel(path)
-    final = confined(dest, rel)
-    try:
-        make_dirs(final.parent)
-    except OSError as exc:
-        raise PullError(f"{shown(rel)}: cannot make its folder: {exc}") from None
-    return rel, confined(dest, rel)  # again, now that the folders are there
-
-
-def finish_part(part: Path, final: Path, size: int, sha256: str | None,
-                early: Hashed | None = None) -> bool:
-    """Check a downloaded part and on a match make it the file, durably (fsynced, renamed,
-    its folder fsynced); a mismatch deletes it. A log still growing on the node comes longer
-    than the manifest, whose sha256 is of its first `size` bytes: the rest is cut off.
-    `early`: what was hashed while the part arrived; only the rest is read now. Its bytes
-    were read as sftp wrote them, so where it does not match (a hole sftp filled later) the
-    whole part is hashed again before it is refused."""
-    with open(part, "r+b") as f:
-        if os.fstat(f.fileno()).st_size > size:
-            f.truncate(size)
-        ok = early is not None and early.finish(f, size) == sha256
-        if not ok:
-            f.seek(0)
-            ok = hashlib.file_digest(f, "sha256").hexdigest() == sha256
-        if ok:
-            os.fsync(f.fileno())
-    if not ok:
-        part.unlink()
-        return False
-    replace_durably(part, final)
-    return True
-
-
-class Hashed:
-    """A part's sha256 taken while sftp writes it: each look hashes what arrived since the
-    last (from the page cache, just written) and starts its write-back, so the check at the
-    end reads only the tail and the fsync finds little left to write."""
-
-    def __init__(self) -> None:
-        self.h = hashlib.sha256()
-        self.upto = 0
-
-    def more(self, path: Path, limit: int) -> None:
-        """Hash from `upto` to the part's size now (at most `limit`). In a thread."""
+    final = confine(rel)
+    if made is None or final.parent not in made:
         try:
-            with open(path, "rb") as f:
-                end = min(os.fstat(f.fileno()).st_size, limit)
-                if end - self.upto < EARLY_MIN:
-                    return
-                start = self.upto
-                self._read(f, end)
-                start_writeback(f.fileno(), start, end - start)
-        except OSError:
-            return  # the part is gone or moved: the check at the end decides
-
-    def finish(self, f: BinaryIO, size: int) -> str | None:
-        if self.upto > size:
-            return None
-        self._read(f, size)
-        return self.h.hexdigest()
-
-    def _read(self, f: BinaryIO, end: int) -> None:
-        f.seek(self.upto)
-        while self.upto < end:
-            chunk = f.read(min(CHUNK, end - self.upto))
-            if not chunk:
-                break
-            self.h.update(chunk)
-            self.upto += len(chunk)
-
-
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_SYNC_FILE_RANGE = _load_sync_file_range() if sys.platform.startswith("linux") else None
-SYNC_FILE_RANGE_WRITE = 2
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start writing these pages to disk now, without waiting (Linux's
-    sync_file_range): the fsync at the end then waits for little. Not a durability step."""
-    if _SYNC_FILE_RANGE is not None and length > 0:
-        _SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)
+            make_dirs(final.parent)
+        except OSError as exc:
+            raise PullError(f"{shown(rel)}: cannot make its folder: {exc}") from None
+        if made is not None:
+            made.add(final.parent)
+    return rel, confine(rel)  # again, now that the folders are there
 
 
 def _look_here(dest: Path, entries: list[ManifestEntry]
@@ -201,9 +119,10 @@ def _look_here(dest: Path, entries: list[ManifestEntry]
     there, and the size of its part (an empty file's part made: nothing to fetch, and the
     manifest's sha256 is that of no bytes); or why it is refused. In a thread."""
     out: list[tuple[str, Path, str | None, int] | PullError] = []
+    confine, made = Confiner(dest), set[Path]()
     for e in entries:
         try:
-            rel, final = local_path(dest, e.path)
+            rel, final = local_path(dest, e.path, confine, made)
         except PullError as exc:
             out.append(exc)
             continue
@@ -335,6 +254,7 @@ class OpensshPuller(Puller):
         self.openssh = source
         self._parts: dict[str, _Part] = {}  # the files of the current round
         self._fetcher: Fetcher = source.fetcher  # the one running now
+        self._lander = Lander()  # parts checked and made durable in groups
 
     async def _pull(self, entries: list[ManifestEntry], limit: asyncio.Semaphore) -> None:
         await self._run_openssh(self.openssh, entries, limit)
@@ -453,10 +373,16 @@ class OpensshPuller(Puller):
             # Not all here: the part stays, and the next pull resumes from it.
             self._settled(p.rel, failed=said or f"the copy stopped at {p.seen} of {e.size} bytes")
             return
+        left = e.size - (p.early.upto if p.early is not None else 0)
         try:
-            async with p.hashing, limit:
-                ok = await asyncio.to_thread(finish_part, p.part, p.final, e.size, e.sha256,
-                                             p.early)
+            async with p.hashing:
+                if left < EARLY_MIN:  # little left to hash: lands with the others due now
+                    ok = await self._lander.land(Landing(p.part, p.final, e.size, e.sha256,
+                                                         p.early))
+                else:
+                    async with limit:
+                        ok = await asyncio.to_thread(finish_part, p.part, p.final, e.size,
+                                                     e.sha256, p.early)
         except OSError as exc:
             self._settled(p.rel, failed=f"{type(exc).__name__}: {exc}")
             return

@@ -49,12 +49,34 @@ def safe_rel(path: str) -> str:
 def confined(root: Path, rel: str) -> Path:
     """root/rel, refused (PullError) unless, symlinks resolved as writing would follow them, it
     is inside root resolved. The last check before anything is written there."""
-    path = root / rel
-    real_root, real = root.resolve(), path.resolve()
-    if real == real_root or not real.is_relative_to(real_root):
-        raise PullError(f"{shown(rel)}: {shown(str(path))} resolves to {shown(str(real))}, "
-                        f"outside {shown(str(root))}; refused")
-    return path
+    return Confiner(root)(rel)
+
+
+class Confiner:
+    """`confined` for many paths under one root (a pull's thousand files): the root resolved
+    once and each folder once, not every component of every path each time; the same answers
+    and refusals."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.real_root = root.resolve()
+        self._folders: dict[Path, Path] = {}
+
+    def __call__(self, rel: str) -> Path:
+        path = self.root / rel
+        folder = path.parent
+        real_folder = self._folders.get(folder)
+        if real_folder is None:
+            real_folder = folder.resolve()
+            if folder.is_dir():  # one not made yet may resolve otherwise once it is
+                self._folders[folder] = real_folder
+        real = real_folder / path.name
+        if real.is_symlink():
+            real = real.resolve()
+        if real == self.real_root or not real.is_relative_to(self.real_root):
+            raise PullError(f"{shown(rel)}: {shown(str(path))} resolves to {shown(str(real))}, "
+                            f"outside {shown(str(self.root))}; refused")
+        return path
 
 
 def check_page(raw: object, offset: int) -> ManifestPage:

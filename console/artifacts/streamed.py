@@ -27,18 +27,16 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, cast
+from typing import IO, cast
 
 from agents.artifacts.send import MAGIC
 from console.artifacts import opensftp
+from console.artifacts.landing import Hashed, start_writeback
 from console.artifacts.opensftp import FetchResult, Job
 from console.fleet import Node
 from console.localproc import die_with_parent
 from console.openssh import client_options
 from console.transport import agent_command
-
-if TYPE_CHECKING:
-    from console.artifacts.pull import Hashed
 
 PROCS = opensftp.PROCS
 # Bytes read from the pipe at a time, and written and hashed at a time.
@@ -177,8 +175,6 @@ class StreamFetcher:
                  left: list[Job]) -> tuple[bool, str | None]:
         """Read the stream (in a thread). Returns (the agent answered, why it stopped early
         or None); the jobs it never got to are put in `left`."""
-        from console.artifacts.pull import Hashed, start_writeback  # pull imports this module
-
         r = io.BufferedReader(cast(io.RawIOBase, out), buffer_size=BLOCK)
         if r.readline(len(MAGIC) + 1) != MAGIC:
             return False, None

@@ -17,10 +17,11 @@ from agents.engine.durable import DurableAppend
 from agents.engine.journal import Journal, failed
 from agents.engine.store import BatchStore
 from agents.rundir import secrets
-from agents.rundir.atomic import AppendLog, fsync_dir
+from agents.rundir.atomic import AppendLog, fsync_dir, make_dirs
 from agents.rundir.control import ensure_control, read_control, resize, update_control
 from agents.rundir.schema import ManifestEntry
-from console.artifacts.pull import Puller, finish_part
+from console.artifacts.landing import Landing, finish_part, land_group
+from console.artifacts.pull import Puller
 from console.artifacts.sources import LocalSource
 from tests.powerloss.crash import crash_states
 from tests.powerloss.harness import ForgetfulDir
@@ -152,10 +153,21 @@ def _entries(source: Path) -> list[ManifestEntry]:
 
 def test_a_pulled_file_is_there_after_a_power_loss(forgetful_dir: ForgetfulDir,
                                                    tmp_path: Path) -> None:
-    """finish_part and Puller rename into folders they made: both fsynced."""
+    """finish_part, a group landed at once and Puller rename into folders they made: all
+    fsynced."""
     part = forgetful_dir / "f.fdpart"
     part.write_bytes(b"abc")
     assert finish_part(part, forgetful_dir / "f", 3, hashlib.sha256(b"abc").hexdigest())
+    group = forgetful_dir / "group"
+    make_dirs(group / "deeper")
+    blobs = {f"{folder}g{i}": os.urandom(100 + i) for i in range(5)
+             for folder in ("", "deeper/")}
+    items = []
+    for name, data in blobs.items():
+        (group / f"{name}.fdpart").write_bytes(data)
+        items.append(Landing(group / f"{name}.fdpart", group / name, len(data),
+                             hashlib.sha256(data).hexdigest()))
+    assert land_group(items) == [True] * len(items)
     source = tmp_path / "node-run"
     for rel in ("completions/completions_000000.jsonl", "logs/generate.log", "progress.json"):
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +177,8 @@ def test_a_pulled_file_is_there_after_a_power_loss(forgetful_dir: ForgetfulDir,
     assert report.ok and len(report.copied) == 3
     forgetful_dir.power_loss()
     assert (forgetful_dir / "f").read_bytes() == b"abc"
+    for name, data in blobs.items():
+        assert (group / name).read_bytes() == data, name
     for rel in report.copied:
         assert (dest / rel).read_bytes() == (source / rel).read_bytes(), rel
 

@@ -9,7 +9,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from console.artifacts.pull import EARLY_MIN, Hashed, finish_part
+from console.artifacts.landing import EARLY_MIN, Hashed, finish_part
 
 SIZE = EARLY_MIN * 3 + 12345
 

@@ -104,3 +104,57 @@ def test_a_fifo_where_a_file_was_is_refused_not_waited_on(tmp_path: Path) -> Non
     os.mkfifo(run / "swapped.log")
     with pytest.raises(OSError, match="not a regular file"):
         hash_file(run, "swapped.log")
+
+
+def test_small_files_gathered_and_big_ones_sent_come_whole_and_in_order(tmp_path: Path
+                                                                        ) -> None:
+    """Small files go gathered with their headers into large writes, big ones by sendfile:
+    the frames are the same either way, around the boundary and mixed."""
+    from agents.artifacts.send import SMALL
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    sizes = [0, 1, SMALL - 1, SMALL, SMALL + 1, 3 * SMALL, 5] + [4000] * 300
+    blobs = []
+    for i, n in enumerate(sizes):
+        blobs.append(os.urandom(n))
+        (run / "logs" / f"f{i}.log").write_bytes(blobs[-1])
+    code, frames, err = send(run, [{"path": f"logs/f{i}.log", "offset": 0, "length": n}
+                                   for i, n in enumerate(sizes)])
+    assert code == 0, err
+    assert frames == [({"i": i, "n": n}, blobs[i]) for i, n in enumerate(sizes)]
+
+
+def test_each_answer_comes_before_the_next_request_is_made(tmp_path: Path) -> None:
+    """What is gathered goes out before send-files waits for more requests: a console that
+    asks one file at a time gets each answer while it has not asked the next."""
+    import select
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "a.log").write_bytes(b"first")
+    (run / "logs" / "b.log").write_bytes(b"second")
+    proc = subprocess.Popen([sys.executable, "-m", "agents.cli", "send-files", str(run)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    assert proc.stdin is not None and proc.stdout is not None
+    got = b""
+
+    def read_until(want: bytes) -> None:
+        nonlocal got
+        while not got.endswith(want):
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, f"no answer while the next request waits; have {got!r}"
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"the stream ended; have {got!r}"
+            got += chunk
+
+    try:
+        for name, body in [("a", b"first"), ("b", b"second")]:
+            proc.stdin.write(json.dumps({"path": f"logs/{name}.log", "offset": 0,
+                                         "length": len(body)}).encode() + b"\n")
+            read_until(body)  # answered, with stdin still open
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert got == (MAGIC + b'{"i": 0, "n": 5}\nfirst' + b'{"i": 1, "n": 6}\nsecond')
