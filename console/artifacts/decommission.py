@@ -30,7 +30,13 @@ from console.artifacts.pullset import (
     safe_rel,
     save_manifest,
 )
-from console.artifacts.sources import PullError, open_source
+from console.artifacts.sources import (
+    OpensshSource,
+    PullError,
+    Source,
+    choose_data_path,
+    open_source,
+)
 from console.fleet import Campaign, Fleet, Node
 from console.headless import (
     EXIT_CHECK,
@@ -79,18 +85,40 @@ async def _context(link: AgentLink, node: Node, everything: bool
     return snap, entries, chosen
 
 
+class LinkFailed(Exception):
+    """pull_node could not connect the link it was asked to connect (the cause is chained)."""
+
+
 async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: bool = False,
                     on_progress: Callable[[PullProgress], None] | None = None,
-                    data_path: str | None = None) -> PullReport:
-    """Pull the node's pull set; `data_path` picks one (console/artifacts/sources.py)."""
-    snap, entries, chosen = await _context(link, node, everything)
-    dest = dest_for(pull_dir, node, snap.get("run"))
-    with pull_lock(dest):  # refused while another pull writes here
-        save_manifest(dest, entries)
-        source = await open_source(node, link.conn, data_path)
-        try:
+                    data_path: str | None = None, connect: bool = False) -> PullReport:
+    """Pull the node's pull set; `data_path` picks one (console/artifacts/sources.py).
+    `connect`: the link is connected here, after the stream's ssh logins have begun, so the
+    two overlap (LinkFailed when it cannot be); else it is connected already."""
+    source: Source | None = None
+    try:
+        if connect:
+            if not node.local and choose_data_path(data_path) == "stream":
+                source = await open_source(node, None, data_path)
+                assert isinstance(source, OpensshSource)
+                source.prestart()
+            try:
+                await link.connect()
+            except (Unreachable, OSError) as exc:
+                raise LinkFailed(str(exc)) from exc
+            if isinstance(source, OpensshSource):
+                source.conn = link.conn  # for the names only SFTP can fetch
+        if source is None:
+            source = await open_source(node, link.conn, data_path)
+            if isinstance(source, OpensshSource):
+                source.prestart()  # its logins overlap the status and manifest calls
+        snap, entries, chosen = await _context(link, node, everything)
+        dest = dest_for(pull_dir, node, snap.get("run"))
+        with pull_lock(dest):  # refused while another pull writes here
+            save_manifest(dest, entries)
             report = await puller_for(source, dest, on_progress).run(chosen)
-        finally:
+    finally:
+        if source is not None:
             await source.close()
     report.refused = [e.path for e in entries if e.refused is not None]
     return report
@@ -212,15 +240,13 @@ def _printer() -> Callable[[PullProgress], None]:
 
 async def cmd_pull(fleet: Fleet, args: argparse.Namespace) -> int:
     node = fleet.node(args.node_name)
-    try:
-        link = AgentLink(node, ciphers=PULL_CIPHERS)
-        await link.connect()
-    except (Unreachable, OSError) as exc:
-        say(str(exc))
-        return EXIT_UNREACHABLE
+    link = AgentLink(node, ciphers=PULL_CIPHERS)
     try:
         pull_dir = Path(args.to) if args.to else fleet.pull_dir
-        report = await pull_node(link, node, pull_dir, args.all, _printer())
+        report = await pull_node(link, node, pull_dir, args.all, _printer(), connect=True)
+    except LinkFailed as exc:
+        say(str(exc))
+        return EXIT_UNREACHABLE
     except (RpcError, ConnectionError, TimeoutError) as exc:
         say(f"\n{node.name}: pull: {shown(exc)}")
         return EXIT_UNREACHABLE

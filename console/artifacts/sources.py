@@ -112,19 +112,27 @@ class OpensshSource:
             assert self.sftp_fetcher is not None, "one of ssh and sftp is needed"
             self.fetcher = self.sftp_fetcher
         self.data_path = self.fetcher.data_path
-        self._conn = conn
+        self.conn = conn  # the agent link's, for the names sftp cannot fetch
         self._fallback: SftpSource | None = None
 
     async def read(self, rel: str, offset: int, length: int,
                    sink: Callable[[bytes], None]) -> None:
         if self._fallback is None:
-            if self._conn is None:
+            if self.conn is None:
                 raise PullError(f"{rel}: sftp cannot fetch this name and there is no SSH "
                                 "connection to fall back on")
-            self._fallback = SftpSource(await self._conn.start_sftp_client(), self.node.run_dir)
+            self._fallback = SftpSource(await self.conn.start_sftp_client(), self.node.run_dir)
         await self._fallback.read(rel, offset, length, sink)
 
+    def prestart(self) -> None:
+        """The stream's ssh processes started now, to log in while the pull reads the
+        manifest (streamed.StreamFetcher.prestart)."""
+        if isinstance(self.fetcher, streamed.StreamFetcher):
+            self.fetcher.prestart()
+
     async def close(self) -> None:
+        if isinstance(self.fetcher, streamed.StreamFetcher):
+            await self.fetcher.close()
         if self._fallback is not None:
             await self._fallback.close()
 

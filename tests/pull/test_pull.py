@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -194,6 +195,26 @@ def test_headless_pull_and_check_exit_codes(sshd: SshServer, finished_run: Path,
     r = fd("decommission-check", "gen-1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SAFE to give the node back" in r.stdout
+    # A node that cannot be reached: pull connects its link itself (after the stream's ssh
+    # logins began) and still says so with exit 3, leaving no ssh behind.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    fleet.write_text(fleet.read_text().replace(f"port = {sshd.port}", f"port = {port}"))
+    r = fd("pull", "gen-1")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "", r.stderr
+    assert str(port) in r.stderr or "refused" in r.stderr.lower(), r.stderr
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and str(port).encode() in
+                _cmdline(int(p))], "an ssh to the closed port was left running"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @pytest.mark.parametrize("bad", ["../etc/passwd", "/etc/passwd"])
@@ -375,3 +396,45 @@ async def test_a_refused_file_fails_the_gate(sshd: SshServer, finished_run: Path
     refused = gate.items[2]
     assert not gate.ok and not refused.ok and refused.missing == ["logs/escape.log (symlink)"]
     assert not (tmp_path / "pulls" / "gen-1" / "test-run" / "logs" / "escape.log").exists()
+
+
+async def test_prestarted_streams_are_the_ones_used_and_unused_ones_end(sshd: SshServer,
+                                                                       tmp_path: Path) -> None:
+    """The stream's ssh processes start before the manifest is read (their logins overlap
+    it): the fetch takes exactly those, starting none of its own, and the ones a pull leaves
+    unused (a single small file needs one stream) are ended when the source closes."""
+    from console.artifacts import streamed
+    from console.artifacts.opensftp import Job
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "a.log").write_bytes(b"hello")
+    node = Node(name="gen-1", host="127.0.0.1", port=sshd.port, user=sshd.user,
+                identity_file=str(sshd.client_key), known_hosts=str(sshd.known_hosts),
+                run_dir=str(run_dir), agent=AGENT, connect_timeout_s=30)
+    ssh = shutil.which("ssh")
+    assert ssh is not None
+    fetcher = streamed.StreamFetcher(ssh, node, procs=2)
+    spawned: list[subprocess.Popen[bytes]] = []
+    real_spawn = fetcher._spawn
+
+    def counted() -> tuple[subprocess.Popen[bytes], object] | str:
+        got = real_spawn()
+        assert not isinstance(got, str), got
+        spawned.append(got[0])
+        return got
+
+    fetcher._spawn = counted  # type: ignore[assignment,method-assign]
+    fetcher.prestart()
+    assert len(spawned) == 2 and all(p.poll() is None for p in spawned)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    said: dict[str, str | None] = {}
+    result = await fetcher.fetch([Job("a.log", 5, b"")], dest, dest / ".state",
+                                 lambda job, why: said.__setitem__(job.rel, why))
+    assert result.connected and said == {"a.log": None}
+    assert (dest / "a.log.fdpart").read_bytes() == b"hello"
+    assert len(spawned) == 2  # the fetch took a prestarted one
+    await fetcher.close()
+    for p in spawned:
+        assert p.wait(timeout=30) is not None  # every one ended, the unused one too
