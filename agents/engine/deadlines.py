@@ -25,6 +25,12 @@ LATENCIES_KEPT = 256
 # often. A copy with a deadline asks again only when it comes (Pace keeps, per server, the
 # highest deadline multiplier seen since any moment: `Peak`).
 RECHECK_S = 0.5
+# Copies woken at once when a pace becomes known, each loop turn: at 10,000 in flight all of
+# them wait for the first answers, and arming them all in one turn held the loop ~100 ms.
+WAKE_SLICE = 256
+# Waiting copies kept before those that ended are dropped (while no pace is known, as when
+# every answer so far has no tokens, nothing wakes them): then at twice the live ones.
+PRUNE_MIN = 1024
 # Values a Peak keeps closer together than this are one (the higher, at the later time).
 PEAK_RESOLUTION_S = 0.01
 # After /abort_request, how long the server's answer to the aborted request (finish_reason
@@ -61,8 +67,15 @@ class Pace:
         self._latencies: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self._load: dict[int, ServerLoad] = {}
         self._retracted_at: dict[int, float] = {}  # the last reading that saw a retraction
-        # Copies whose deadline is not known yet, woken when a pace may be (changed()).
+        # Copies whose deadline is not known yet, woken when a pace may be (changed()), and
+        # those being woken, WAKE_SLICE a loop turn.
         self._waiters: list[asyncio.Future[None]] = []
+        self._waking: deque[asyncio.Future[None]] = deque()
+        self._prune_at = PRUNE_MIN
+        # What was known at the last wake: the servers with a pace of their own or SGLang's
+        # (those in _peaks) and whether the fleet's is known. A copy waits only while its
+        # server has none, so nothing else can be news to it.
+        self._known: tuple[int, bool] = (0, False)
         # Per server, the deadline's multipliers as they changed: (1 + queue waits) / pace
         # and 1 / pace, each kept as the highest since any moment (Peak), so a copy asks for
         # its deadline only when it comes and gets the longest it had in the meantime.
@@ -72,15 +85,45 @@ class Pace:
         """Done at the next figure that may make a pace known: a copy with no deadline yet
         waits on it and on its answer, instead of looking again every so often."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if len(self._waiters) >= self._prune_at:  # those whose copies ended (cancelled)
+            self._waiters = [w for w in self._waiters if not w.done()]
+            self._prune_at = max(PRUNE_MIN, 2 * len(self._waiters))
         self._waiters.append(fut)
         return fut
 
     def _wake(self) -> None:
-        if self._waiters:
-            waiters, self._waiters = self._waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+        """Wake the waiting copies when a pace became known for a server that had none (each
+        answer until then woke them all, and each went back to waiting), WAKE_SLICE a loop
+        turn, so that the loop's other work runs between slices."""
+        known = (len(self._peaks), self._fleet()[0] >= MIN_ANSWERS)
+        if known == self._known:
+            return
+        self._known = known
+        if not self._waiters:
+            return
+        started = bool(self._waking)
+        self._waking.extend(self._waiters)
+        self._waiters = []
+        if not started:
+            self._wake_slice()
+
+    def _wake_slice(self) -> None:
+        waking = self._waking
+        for _ in range(min(WAKE_SLICE, len(waking))):
+            w = waking.popleft()
+            if not w.done():
+                w.set_result(None)
+        if waking:  # after the callbacks just scheduled: the next slice is a turn later
+            asyncio.get_running_loop().call_soon(self._wake_slice)
+
+    def _fleet(self) -> tuple[int, float | None]:
+        """The answers every server's window holds, and their pace: O(servers)."""
+        count, tokens, seconds = 0, 0, 0.0
+        for w in self._answers.values():
+            count += len(w.kept)
+            tokens += w.tokens
+            seconds += w.seconds
+        return count, (tokens / seconds if seconds > 0 else None)
 
     def observe(self, server: int, tokens: int, latency_s: float) -> None:
         """One answer (any copy's, a hedge that lost included)."""
@@ -191,8 +234,8 @@ class Pace:
         hint = self._hints.get(server)
         if hint is not None:
             return hint
-        fleet = [a for w in self._answers.values() for a in w.kept]
-        return _ratio(fleet) if len(fleet) >= MIN_ANSWERS else None
+        count, pace = self._fleet()
+        return pace if count >= MIN_ANSWERS else None
 
     def deadline(self, server: int, max_tokens: int,
                  sent_at: float | None = None) -> Deadline | None:
@@ -309,12 +352,6 @@ class Peak:
             del times[:self._head]
             del self._values[:self._head]
             self._head = 0
-
-
-def _ratio(answers: Any) -> float | None:
-    tokens = sum(t for t, _ in answers)
-    seconds = sum(s for _, s in answers)
-    return tokens / seconds if seconds > 0 else None
 
 
 class DeadlineMiss(RequestFailed):
@@ -447,6 +484,7 @@ class _Watch:
             self.timer.cancel()
         if self.wake is not None:
             self.wake.remove_done_callback(self.arm)
+            self.wake.cancel()  # done: Pace drops it
         self.timer = self.wake = None
         g = self.giving_up
         if g is not None and not g.done() and g is not asyncio.current_task():

@@ -29,6 +29,8 @@ from agents.engine.client import (
 from agents.engine.deadlines import (
     ABORT_CONFIRM_S,
     MIN_ANSWERS,
+    PRUNE_MIN,
+    WAKE_SLICE,
     Deadline,
     DeadlineMiss,
     Pace,
@@ -382,6 +384,54 @@ def test_a_peak_answers_the_highest_value_since_any_moment() -> None:
     assert len(peak._values) - peak._head <= 100 * 100 + 5
     # Never lower than the truth (the highest after 50 s), and at most 10 ms of values above.
     assert 1.0 - 40_000e-6 <= peak.since(50.0) <= 1.0 - 39_990e-6 + 1e-9
+
+
+async def test_copies_waiting_for_a_pace_wake_once_it_is_known_a_slice_a_loop_turn() -> None:
+    """10,000 copies sent before any answer all wait for a pace: answers that leave it
+    unknown wake none (each woke them all, to wait again), and the one that makes it known
+    wakes them WAKE_SLICE a loop turn, so that a turn stays short (arming them all in one
+    turn held the engine's loop ~100 ms: benchmarks/scale.py)."""
+    pace = Pace(factor=3.0, min_s=1.0, max_s=600.0)
+    woken_in_turn: list[int] = []
+    turn = [0]
+
+    def armed(_: asyncio.Future[None]) -> None:  # what a copy's watch does when woken
+        woken_in_turn.append(turn[0])
+        assert pace.deadline(0, 100) is not None
+
+    waiting = [pace.changed() for _ in range(10_000)]
+    for fut in waiting:
+        fut.add_done_callback(armed)
+    for _ in range(MIN_ANSWERS - 1):
+        pace.observe(0, 100, 1.0)
+    await asyncio.sleep(0)
+    assert not any(f.done() for f in waiting) and pace.deadline(0, 100) is None
+    pace.observe(0, 100, 1.0)  # the fourth: the pace is known
+    while len(woken_in_turn) < len(waiting):
+        turn[0] += 1
+        await asyncio.sleep(0)
+        assert turn[0] < 1000, f"{len(woken_in_turn)} of {len(waiting)} woken"
+    per_turn = [woken_in_turn.count(t) for t in set(woken_in_turn)]
+    assert max(per_turn) <= WAKE_SLICE and len(per_turn) >= len(waiting) // WAKE_SLICE
+    late = pace.changed()
+    pace.observe(0, 100, 1.0)  # nothing new: a waiter now stays
+    await asyncio.sleep(0)
+    assert not late.done()
+
+
+async def test_a_copy_that_ends_while_no_pace_is_known_is_not_kept() -> None:
+    """While no answer brings a pace (every one without tokens), copies come and go: those
+    that ended must not pile up in the pace's waiting list (one per request of the run)."""
+    pace = Pace(factor=3.0, min_s=1.0, max_s=600.0)
+    for _ in range(20 * PRUNE_MIN):
+        pace.changed().cancel()  # what a copy's watch does with its wait when the copy ends
+        pace.observe(0, 0, 1.0)
+    live = [pace.changed() for _ in range(10)]
+    assert len(pace._waiters) <= 2 * PRUNE_MIN
+    for _ in range(MIN_ANSWERS):
+        pace.observe(0, 100, 1.0)
+    await asyncio.sleep(0)
+    assert all(f.done() and not f.cancelled() for f in live)
 
 
 def test_a_copy_keeps_the_queue_it_waited_in_after_the_queue_is_gone() -> None:
