@@ -14,7 +14,16 @@ from pathlib import Path
 
 def fsync_dir(path: Path) -> None:
     """Make the names in folder `path` (files created, renamed or removed there) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync(path, os.O_DIRECTORY)
+
+
+def fsync_file(path: Path) -> None:
+    """Make the bytes of file `path`, written and closed by whoever, durable."""
+    _fsync(path, 0)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:

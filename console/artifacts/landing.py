@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from agents.rundir.atomic import fsync_dir
+from agents.rundir.atomic import fsync_dir, fsync_file
 
 CHUNK = 4 * 1024 * 1024
 # Hashing as a part arrives pays from this size on (smaller ones are read once at the check).
@@ -127,14 +127,6 @@ def _checked(item: Landing) -> bool:
     return ok
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 _FSYNCS: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -143,14 +135,14 @@ def _fsync_all(paths: list[Path]) -> list[OSError | None]:
     global _FSYNCS
     if len(paths) == 1:
         try:
-            _fsync_file(paths[0])
+            fsync_file(paths[0])
             return [None]
         except OSError as exc:
             return [exc]
     if _FSYNCS is None:
         _FSYNCS = concurrent.futures.ThreadPoolExecutor(FSYNC_THREADS,
                                                         thread_name_prefix="fd-fsync")
-    futures = [_FSYNCS.submit(_fsync_file, p) for p in paths]
+    futures = [_FSYNCS.submit(fsync_file, p) for p in paths]
     out: list[OSError | None] = []
     for fut in futures:
         trouble = fut.exception()
@@ -235,9 +227,12 @@ class Lander:
                 results = await asyncio.to_thread(land_group, [item for item, _ in group])
             except BaseException as exc:
                 for _, fut in group:
-                    if not fut.done():
-                        fut.set_exception(exc if isinstance(exc, Exception)
-                                          else asyncio.CancelledError())
+                    if fut.done():
+                        continue
+                    if isinstance(exc, Exception):
+                        fut.set_exception(exc)
+                    else:  # the lander itself cancelled: its waiters are, too
+                        fut.cancel()
                 if not isinstance(exc, Exception):
                     raise
                 continue

@@ -126,11 +126,11 @@ class SftpFetcher:
     data_path = "openssh"
     hashes_inline = False  # the puller hashes the parts while sftp writes them
 
-    def __init__(self, sftp: str, node: Node, run_dir: str, procs: int = PROCS) -> None:
+    def __init__(self, sftp: str, node: Node, run_dir: str, procs: int | None = None) -> None:
         self.sftp = sftp
         self.node = node
         self.run_dir = run_dir
-        self.procs = procs
+        self.procs = procs or PROCS  # read here: a patched constant counts
         self.in_flight: set[Job] = set()
 
     def usable(self) -> bool:

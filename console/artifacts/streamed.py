@@ -39,7 +39,6 @@ from console.localproc import die_with_parent
 from console.openssh import client_options
 from console.transport import agent_command
 
-PROCS = opensftp.PROCS
 # Bytes read from the pipe at a time, and written and hashed at a time.
 BLOCK = 1 << 20
 # Write-back is started every this many bytes of a part (see pull.Hashed).
@@ -89,10 +88,10 @@ class StreamFetcher:
     data_path = "stream"
     hashes_inline = True  # each part's sha256 is in `hashed` when its job is done
 
-    def __init__(self, ssh: str, node: Node, procs: int = PROCS) -> None:
+    def __init__(self, ssh: str, node: Node, procs: int | None = None) -> None:
         self.ssh = ssh
         self.node = node
-        self.procs = procs
+        self.procs = procs or opensftp.PROCS  # read here: a patched constant counts
         self.in_flight: set[Job] = set()
         self.hashed: dict[Job, Hashed] = {}
         self._ready: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []  # prestarted

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.rundir.atomic import fsync_dir
+from agents.rundir.atomic import fsync_dir, fsync_file
 from console.dataset.rows import RowError, row, schema
 from console.dataset.source import Data, file_sha256
 from trainer.readstats import ReadStats
@@ -264,11 +264,7 @@ def _fsync_tree(folder: Path) -> None:
         if path.is_dir():
             folders.append(path)
         elif path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(path)
     for d in sorted(folders, key=lambda p: len(p.parts), reverse=True):
         fsync_dir(d)
 
