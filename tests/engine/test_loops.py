@@ -3,11 +3,21 @@ them when max_tokens cuts them."""
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
 
-from agents.engine.loops import LOOP_SHARE, TAIL_CHARS, answer_tail, is_loop, repeat_share
+from agents.engine.loops import (
+    _DIGITS,
+    _TOKEN,
+    LOOP_SHARE,
+    TAIL_CHARS,
+    answer_tail,
+    is_loop,
+    repeat_share,
+    tokens_of,
+)
 
 PROSE = (
     "To find the number of lattice paths we first observe that every path consists of exactly "
@@ -189,3 +199,37 @@ def test_reasoning_judged_when_no_content() -> None:
     assert answer_tail("", "think") == "think"
     assert answer_tail("answer", "think") == "answer"
     assert not is_loop(None) and not is_loop("")
+
+
+def test_ascii_text_is_cut_into_the_regexs_tokens() -> None:
+    """ASCII text takes a path without the regex engine (the judge runs for every truncated
+    answer): the same tokens as the regex, every ASCII character and digit run included."""
+    rng = random.Random(7)
+    everything = [chr(c) for c in range(128)]
+    common = list("ab cd xy 0123456789 ,.;:()[]_-'\"\n\t")
+    for _ in range(5000):
+        pool = everything if rng.random() < 0.3 else common
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 80)))
+        want = _TOKEN.findall(_DIGITS.sub("0", text))
+        got = tokens_of(text)
+        assert [t if isinstance(t, str) else t.decode() for t in got] == want, repr(text)
+
+
+def test_the_quick_no_agrees_with_the_share_near_the_line() -> None:
+    """is_loop decides most answers from word pairs alone; it must agree with the n-gram share
+    everywhere, near LOOP_SHARE most of all: fresh words, then a phrase repeated, in every
+    proportion (and words drawn from few, so that pairs repeat in text that is no loop)."""
+    rng = random.Random(11)
+    seen = {False: 0, True: 0}
+    for _ in range(800):
+        words = ["".join(rng.choice("abcdefghij") for _ in range(4))  # digits fold to 0
+                 for _ in range(rng.choice((30, 400, 5000, 5000)))] + [".", "step 12"]
+        fresh = rng.randint(0, 500)
+        phrase = [rng.choice(words) for _ in range(rng.randint(2, 60))]
+        looped = rng.randint(0, 500)
+        text = " ".join((phrase * (looped // len(phrase) + 1))[:looped]
+                        + [rng.choice(words) for _ in range(fresh)])
+        expected = repeat_share(text) >= LOOP_SHARE
+        assert is_loop(text) == expected, (repeat_share(text), text[:200])
+        seen[expected] += 1
+    assert min(seen.values()) >= 100, seen  # both sides, not one
