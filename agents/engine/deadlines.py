@@ -95,7 +95,8 @@ class Pace:
         """Wake the waiting copies when a pace became known for a server that had none (each
         answer until then woke them all, and each went back to waiting), WAKE_SLICE a loop
         turn, so that the loop's other work runs between slices."""
-        known = (len(self._peaks), self._fleet()[0] >= MIN_ANSWERS)
+        # Once known the fleet's pace stays known (windows only fill): no sum at each answer.
+        known = (len(self._peaks), self._known[1] or self._fleet()[0] >= MIN_ANSWERS)
         if known == self._known:
             return
         self._known = known
