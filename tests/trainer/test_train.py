@@ -119,11 +119,20 @@ def test_ddp_two_processes_on_the_cpu(tmp_path: Path, random_world: World,
                         batch_size=2)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # Two ranks on a loaded 2-core box take minutes (seen: over 240 s beside another suite).
-    r = subprocess.run(
+    # Its own session: past the bound the ranks go too, not only torchrun (once, in CI, they
+    # hung after the step-2 checkpoint; the failure then says where, from their log's end).
+    proc = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "trainer.cli", "train", str(spec)],
-        capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+        start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"two ranks past 600 s; their log's end:\n{err[-6000:]}") from None
+    assert proc.returncode == 0, err[-3000:]
     progress = train_progress_decoder.decode((tmp_path / "ddp/progress.json").read_bytes())
     assert progress.world_size == 2 and progress.status == "done" and progress.step == 4
     out = tmp_path / "ddp" / "checkpoints"
