@@ -1,5 +1,5 @@
 """Verbs that look at a run and change nothing: `status`, `logs`, `samples`, `failures`,
-`manifest`, `send-files` (pull's stream), `verify` and `verify-union` (a campaign's, from
+`manifest`, `verify` and `verify-union` (a campaign's, from
 S3)."""
 
 from __future__ import annotations
@@ -48,11 +48,6 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--prefix", default="", help="only what lies under this relative path")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_manifest)
-
-    p = sub.add_parser("send-files", help="the files asked for on stdin as one framed stream "
-                       "on stdout (fleetdeck pull's streamed data path)")
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.set_defaults(handler=cmd_send_files)
 
     p = sub.add_parser("verify", help="S3 against uploads.jsonl, and the counts against "
                                       "each other (exit 1 when a check fails)")
@@ -301,10 +296,3 @@ def supervised_status(run_dir: Path) -> bytes | None:
     return msgspec.json.encode(result) if result is not None else None
 
 
-def cmd_send_files(args: argparse.Namespace) -> int:
-    from agents.artifacts.send import serve
-
-    if not args.run_dir.is_dir():
-        return usage_error("send-files", ValueError(f"{args.run_dir}: no such directory"))
-    sys.stdout.flush()
-    return serve(args.run_dir, sys.stdin.buffer, sys.stdout.fileno())

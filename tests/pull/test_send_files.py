@@ -158,3 +158,21 @@ def test_each_answer_comes_before_the_next_request_is_made(tmp_path: Path) -> No
     finally:
         proc.kill()
     assert got == (MAGIC + b'{"i": 0, "n": 5}\nfirst' + b'{"i": 1, "n": 6}\nsecond')
+
+
+def test_send_files_starts_without_the_other_verbs(tmp_path: Path) -> None:
+    """A pull waits for one send-files start per stream: the verb's module is imported alone
+    (not the engine's, the supervisor's or the RPC server's), as Python's own import log
+    shows, and it still answers."""
+    (tmp_path / "a.log").write_bytes(b"hello")
+    line = json.dumps({"path": "a.log", "offset": 0, "length": 5}).encode() + b"\n"
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "agents.cli", "send-files",
+                        str(tmp_path)], input=line, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(MAGIC) and r.stdout.endswith(b"hello"), r.stdout
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in r.stderr.decode().splitlines()
+                if ln.startswith("import time:")}
+    assert "agents.artifacts.send" in imported
+    for heavy in ("agents.cli.control", "agents.cli.inspect", "agents.cli.generate",
+                  "agents.cli.serve", "agents.rpc.serve", "asyncio"):
+        assert heavy not in imported, f"send-files imported {heavy}"
