@@ -6,7 +6,8 @@ the bytes as they pass and starts their write-back.
 Against OpenSSH's sftp (console/artifacts/opensftp.py): no request per 255 KiB and no second
 read of the part for its hash; the file list is one JSON line per file, so a name sftp's batch
 file cannot hold (a newline) streams too. Files are split over a few streams, balanced by
-bytes as sftp's batches are.
+bytes as sftp's batches are, each stream asking for its small files first: they land (an
+fsync and a rename each, mostly waiting on the disk) while its big ones still come.
 
 The node is trusted with nothing: it answers in the order asked with a header line per file;
 a header that is not the one expected, a count over what was asked, or a stream that ends
@@ -63,6 +64,11 @@ def ssh_command(ssh: str, node: Node) -> list[str]:
     return [ssh, "-q", "-o", "BatchMode=yes", "-o", "ForwardAgent=no", "-o", "ForwardX11=no",
             *client_options(node), "-c", opensftp.CIPHERS, "-T", "--", host,
             agent_command(node, "send-files", node.run_dir)]
+
+
+def plan(jobs: list[Job], procs: int) -> list[list[Job]]:
+    """sftp's byte-balanced batches (opensftp.plan), each smallest first."""
+    return [batch[::-1] for batch in opensftp.plan(jobs, procs)]
 
 
 def request_line(rel: str, offset: int, length: int) -> bytes:
@@ -148,7 +154,7 @@ class StreamFetcher:
         if not jobs:
             return FetchResult(True, [], "")
         scratch.mkdir(parents=True, exist_ok=True)
-        batches = opensftp.plan(jobs, self.procs)
+        batches = plan(jobs, self.procs)
         said = await asyncio.gather(*(self._batch(b, cwd, scratch, on_done) for b in batches))
         unreached = [j for b, s in zip(batches, said, strict=True) if s is not None for j in b]
         return FetchResult(any(s is None for s in said), unreached,

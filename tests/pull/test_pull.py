@@ -278,6 +278,18 @@ def test_sftp_batches_quote_names_and_balance_bytes() -> None:
     assert plan(jobs[:2], 4) == [[jobs[0]], [jobs[1]]]
 
 
+def test_stream_batches_balance_bytes_and_lead_with_the_small_files() -> None:
+    from console.artifacts import opensftp, streamed
+    from console.artifacts.opensftp import Job
+
+    jobs = [Job(f"big{i}", (100 - i) * 2**20, b"") for i in range(10)]
+    jobs += [Job(f"small{i}", 1024 + i, b"") for i in range(1000)]
+    batches = streamed.plan(jobs, 2)
+    assert [set(b) for b in batches] == [set(b) for b in opensftp.plan(jobs, 2)]
+    for batch in batches:
+        assert [j.size for j in batch] == sorted(j.size for j in batch)
+
+
 def _procs(which: Callable[[int, int], bool]) -> list[str]:
     """Live processes (not zombies) for which which(ppid, pgrp) holds, as 'pid comm'."""
     found = []
