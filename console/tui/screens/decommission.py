@@ -25,6 +25,7 @@ from console.sanitize import shown_markup
 from console.transport import AgentLink
 from console.tui.widgets import figures as f
 from console.tui.widgets.keys import key_for
+from console.tui.widgets.steady_bar import SteadyBar
 
 
 def _eta(p: PullProgress) -> str:
@@ -56,7 +57,7 @@ class DecommissionScreen(ModalScreen[None]):
                         classes="title")
             yield Static("checking...", id="items")
             yield Label("", id="verdict")
-            yield ProgressBar(total=1, show_eta=False, id="pull-bar")
+            yield SteadyBar(total=1, show_eta=False, id="pull-bar")
             yield Label("", id="pull-label")
             yield Label(f"{key_for(self, 'decommission_pull')} pull what is missing · "
                         f"{key_for(self, 'decommission_check')} check again · "

@@ -19,6 +19,7 @@ from console.linkstate import LinkState
 from console.sanitize import shown
 from console.tui.widgets import figures as f
 from console.tui.widgets.live_static import LiveStatic
+from console.tui.widgets.steady_bar import SteadyBar
 from console.tui.widgets.tones import RUN_TONE, style, toned
 
 PROGRESS_STALE_S = 10.0
@@ -167,7 +168,7 @@ def grid_texts(grid: Table) -> list[Text]:
 class RunPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield LiveStatic(id="run-headline")
-        yield ProgressBar(total=None, show_eta=False, id="run-progress")
+        yield SteadyBar(total=None, show_eta=False, id="run-progress")
         yield LiveStatic(id="run-grid")
 
     def show(self, snap: Snapshot | None, theme: Theme, age: float | None, link: LinkState,

@@ -20,6 +20,7 @@ from console.sanitize import shown
 from console.tui.widgets import figures as f
 from console.tui.widgets.live_table import LiveTable, Row
 from console.tui.widgets.run_panel import headline
+from console.tui.widgets.steady_bar import SteadyBar
 from console.tui.widgets.tones import style
 
 BAR_WIDTH = 24
@@ -119,7 +120,7 @@ class TrainGpuTable(LiveTable):
 class TrainPanel(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(id="train-headline")
-        yield ProgressBar(total=None, show_eta=False, id="train-progress")
+        yield SteadyBar(total=None, show_eta=False, id="train-progress")
         yield Static(id="train-grid")
         yield Static(id="train-accuracy")
 
