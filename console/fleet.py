@@ -60,6 +60,9 @@ class Node(msgspec.Struct, forbid_unknown_fields=True):
     local: bool = False
     connect_timeout_s: float = 10.0
     keepalive_s: float = 15.0
+    # A pull that receives nothing from the node for this long stops (what arrived is kept
+    # for the next pull): keepalives only catch a dead connection, not a silent agent.
+    pull_stall_s: float = 120.0
     # Dollars per GPU-hour on this node, for the console's figures: over the run's
     # [run] cost_per_gpu_hour (the node never reads the fleet file).
     cost_per_gpu_hour: float | None = None
@@ -204,7 +207,7 @@ def load_fleet(path: str | Path | None = None) -> Fleet:
                              f"{node.cost_per_gpu_hour}")
         if node.port is not None and not 1 <= node.port <= 65535:
             raise FleetError(f"{where}: port must be between 1 and 65535, got {node.port}")
-        for key in ("connect_timeout_s", "keepalive_s"):
+        for key in ("connect_timeout_s", "keepalive_s", "pull_stall_s"):
             value = getattr(node, key)
             if not 0 < value < float("inf"):  # also refuses nan, which TOML allows
                 raise FleetError(f"{where}: {key} must be a number above 0, got {value}")

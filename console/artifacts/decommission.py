@@ -116,7 +116,7 @@ async def pull_node(link: AgentLink, node: Node, pull_dir: Path, everything: boo
         dest = dest_for(pull_dir, node, snap.get("run"))
         with pull_lock(dest):  # refused while another pull writes here
             save_manifest(dest, entries)
-            report = await puller_for(source, dest, on_progress).run(chosen)
+            report = await puller_for(source, dest, on_progress, node.pull_stall_s).run(chosen)
     finally:
         if source is not None:
             await source.close()

@@ -16,9 +16,10 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import asyncssh
 
@@ -40,6 +41,42 @@ PROGRESS_POLL_S = 0.25
 # Preferred ciphers for bulk copies: AES-GCM runs on the CPU's AES instructions.
 PULL_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
                 "chacha20-poly1305@openssh.com"]
+T = TypeVar("T")
+# A pull that receives nothing for this long stops (the fleet file's pull_stall_s per node).
+STALL_S = 120.0
+
+
+class Stalled(PullError):
+    """Nothing came from the node for the pull's stall limit: what waited on it was stopped."""
+
+
+def stalled_text(stall_s: float) -> str:
+    return (f"the node sent nothing for {stall_s:g} s: stopped (what arrived stays in its "
+            f"{PART_SUFFIX} for the next pull to resume)")
+
+
+async def watched(aw: Awaitable[T], beat: Callable[[], object], stall_s: float) -> T:
+    """`aw`'s result, unless `beat()` (what has arrived so far) stays the same for `stall_s`
+    seconds while it runs: then `aw` is cancelled and Stalled raised. SSH keepalives catch a
+    dead connection; this catches a live one over which a node (a hung or hostile agent, a
+    stuck disk there) sends nothing, which would hold a pull forever."""
+    task = asyncio.ensure_future(aw)
+    loop = asyncio.get_running_loop()
+    last, since = beat(), loop.time()
+    try:
+        while True:
+            await asyncio.wait({task}, timeout=min(1.0, stall_s / 4))
+            if task.done():
+                return task.result()
+            now = beat()
+            if now != last:
+                last, since = now, loop.time()
+            elif loop.time() - since >= stall_s:
+                raise Stalled(stalled_text(stall_s))
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 @dataclass
@@ -157,10 +194,12 @@ class _Part:
 
 class Puller:
     def __init__(self, source: Source, dest: Path,
-                 on_progress: Callable[[PullProgress], None] | None = None) -> None:
+                 on_progress: Callable[[PullProgress], None] | None = None,
+                 stall_s: float = STALL_S) -> None:
         self.source = source
         self.dest = dest
         self.on_progress = on_progress
+        self.stall_s = stall_s
         self.progress = PullProgress()
         self.report = PullReport(dest)
 
@@ -186,13 +225,16 @@ class Puller:
             with open(part, "rb") as f:
                 while chunk := f.read(CHUNK):
                     h.update(chunk)
+        got = [0]
         with open(part, "ab") as out:
             def sink(data: bytes) -> None:
                 out.write(data)
                 h.update(data)
+                got[0] += len(data)
                 self._tick(len(data))
 
-            await self.source.read(rel, have, e.size - have, sink)
+            await watched(self.source.read(rel, have, e.size - have, sink), lambda: got[0],
+                          self.stall_s)
             out.flush()
             os.fsync(out.fileno())
         if h.hexdigest() != e.sha256:
@@ -249,8 +291,9 @@ class OpensshPuller(Puller):
     sftp) go through `Puller`'s file-by-file copy."""
 
     def __init__(self, source: OpensshSource, dest: Path,
-                 on_progress: Callable[[PullProgress], None] | None = None) -> None:
-        super().__init__(source, dest, on_progress)
+                 on_progress: Callable[[PullProgress], None] | None = None,
+                 stall_s: float = STALL_S) -> None:
+        super().__init__(source, dest, on_progress, stall_s)
         self.openssh = source
         self._parts: dict[str, _Part] = {}  # the files of the current round
         self._fetcher: Fetcher = source.fetcher  # the one running now
@@ -325,7 +368,10 @@ class OpensshPuller(Puller):
             for p in ready:
                 checks.create_task(self._check(p, None, limit, mismatched))
 
+            waiting = {p.rel for p in todo}  # what the fetcher has not said it is past
+
             def done(job: opensftp.Job, said: str | None) -> None:
+                waiting.discard(job.rel)
                 p = self._parts[job.rel]
                 if isinstance(fetcher, StreamFetcher):
                     p.early = fetcher.hashed.pop(job, None)
@@ -333,7 +379,16 @@ class OpensshPuller(Puller):
 
             jobs = [opensftp.Job(p.rel, p.entry.size, opensftp.batch_line(p.rel) or b"")
                     for p in todo]
-            result = await fetcher.fetch(jobs, self.dest, self.dest / STATE_DIR, done)
+            try:
+                # Progress is what the poller saw arrive in the parts, and files passed.
+                result = await watched(
+                    fetcher.fetch(jobs, self.dest, self.dest / STATE_DIR, done),
+                    lambda: (self.progress.bytes_transferred, self.progress.files_done),
+                    self.stall_s)
+            except Stalled as exc:
+                for rel in sorted(waiting):
+                    self._settled(rel, failed=str(exc))
+                return mismatched
             unreached = [self._parts[j.rel] for j in result.unreached]
             sftp = source.sftp_fetcher
             if (unreached and not result.connected and fetcher is not sftp
@@ -440,8 +495,9 @@ class OpensshPuller(Puller):
 
 
 def puller_for(source: Source, dest: Path,
-               on_progress: Callable[[PullProgress], None] | None = None) -> Puller:
-    """The puller that fits the data path."""
+               on_progress: Callable[[PullProgress], None] | None = None,
+               stall_s: float = STALL_S) -> Puller:
+    """The puller that fits the data path; `stall_s`: see `watched`."""
     if isinstance(source, OpensshSource):
-        return OpensshPuller(source, dest, on_progress)
-    return Puller(source, dest, on_progress)
+        return OpensshPuller(source, dest, on_progress, stall_s)
+    return Puller(source, dest, on_progress, stall_s)

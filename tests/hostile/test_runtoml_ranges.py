@@ -168,6 +168,8 @@ FLEET_BAD = [
     pytest.param("connect_timeout_s = 0", "connect_timeout_s", "above 0",
                  id="fleet-connect-timeout-0"),
     pytest.param("keepalive_s = nan", "keepalive_s", "above 0", id="fleet-keepalive-nan"),
+    pytest.param("pull_stall_s = -1", "pull_stall_s", "above 0", id="fleet-pull-stall-negative"),
+    pytest.param("pull_stall_s = inf", "pull_stall_s", "above 0", id="fleet-pull-stall-inf"),
 ]
 
 

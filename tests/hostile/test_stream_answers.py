@@ -117,3 +117,35 @@ def test_the_honest_stream_pulls_everything(node: HostileNode) -> None:
     assert '"data_path": "stream", "notes": []' in out.text, out.text
     assert pulled(node, "logs/a.log").read_bytes() == A
     assert pulled(node, "logs/b.log").read_bytes() == B
+
+
+def test_a_silent_agent_stops_the_pull_at_its_stall_limit_and_the_next_resumes(
+        node: HostileNode) -> None:
+    """The agent answers part of a file, then stays alive and sends nothing: SSH keepalives
+    pass (the connection is fine), so only the pull's own stall limit (the fleet file's
+    pull_stall_s) ends it. The pull fails those files by name, keeps what arrived, and an
+    honest agent's next pull resumes from it."""
+    a = b"a" * len(B)  # both files as long as B: whichever stream asks, 200 bytes come
+    with node.fleet.open("a") as fleet:
+        fleet.write("pull_stall_s = 2\n")
+    manifest = {"status": snapshot(run="fine"),
+                "manifest": page(entry("logs/a.log", node.put("logs/a.log", a)),
+                                 entry("logs/b.log", node.put("logs/b.log", B)))}
+    head = json.dumps({"i": 0, "n": len(B)}).encode() + b"\n"
+    node.answer(manifest, send=base64.b64encode(MAGIC + head + b"x" * 200).decode(),
+                hang=True)
+    out = node.fleetdeck("pull", "gen-1", "--all")
+    assert out.code != 0, out.text
+    assert "the node sent nothing for 2 s" in out.text, out.text
+    for rel in ("logs/a.log", "logs/b.log"):
+        assert rel in out.text, out.text
+        assert not pulled(node, rel).exists(), "an unproven file was made final"
+    parts = sorted(node.pulls.rglob("*.fdpart"))
+    assert parts and all(p.stat().st_size == 200 for p in parts), parts
+    # The bytes that came were not the file's: the honest pull resumes, then refetches.
+    node.answer(manifest)
+    again = node.fleetdeck("pull", "gen-1", "--all")
+    assert again.code == 0, again.text
+    assert '"resumed": {' in again.text and ": 200" in again.text, again.text
+    assert pulled(node, "logs/a.log").read_bytes() == a
+    assert pulled(node, "logs/b.log").read_bytes() == B

@@ -18,7 +18,8 @@ from tests.servers.sshd import SshServer
 # `python FAKE SCENARIO serve RUN_DIR --stdio`: each request is answered from the scenario's
 # `answers` (a result) or `errors` (a JSON-RPC error); `raw` lines are written as they are.
 # Anything else is "method not found". `python FAKE SCENARIO send-files RUN_DIR` (pull's
-# stream): a `send` string (base64) is written as it is, whatever was asked; a `send` object
+# stream): a `send` string (base64) is written as it is, whatever was asked (with `hang`, the
+# agent then stays alive and silent); a `send` object
 # answers each file it names with its `data` (base64) and `head` (header fields over the
 # honest ones), the others honestly; without `send`, the real agent's send-files answers.
 FAKE_AGENT = r'''
@@ -29,6 +30,12 @@ if sys.argv[2] == "send-files" and isinstance(scenario.get("send"), str):
     sys.stdin.buffer.read()
     out.write(base64.b64decode(scenario["send"]))
     out.flush()
+    if scenario.get("hang"):
+        # Alive and silent, until its session ends (the console killed its ssh) or 2 min.
+        import time
+        parent, end = os.getppid(), time.monotonic() + 120
+        while os.getppid() == parent and time.monotonic() < end:
+            time.sleep(0.1)
     sys.exit(0)
 if sys.argv[2] == "send-files" and isinstance(scenario.get("send"), dict):
     out.write(b"FLEETDECK-SEND 1\n")
