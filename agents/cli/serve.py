@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,4 +45,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"fleetdeck-agent serve: --who {who!r}: give a name of 1 to {MAX_WHO} printable "
               "characters without spaces", file=sys.stderr)
         return EXIT_USAGE
+    for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)):
+        what = _not_a_channel(stream.fileno())
+        if what is not None:
+            print(f"fleetdeck-agent serve --stdio: {name} is {what}; it must be a pipe, a socket "
+                  "or a terminal (as sshd gives it: the console runs this over SSH)",
+                  file=sys.stderr)
+            return EXIT_USAGE
     return asyncio.run(serve_stdio(args.run_dir, read_only=args.read_only, who=who))
+
+
+def _not_a_channel(fd: int) -> str | None:
+    """What fd is when the event loop cannot wait on it (a regular file, /dev/null), else
+    None: asyncio refuses those with a traceback, not a word on what was wrong."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        return f"not open ({exc.strerror})"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd):
+        return None
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISCHR(mode):
+        return "a character device that is not a terminal (/dev/null?)"
+    return "neither a pipe nor a socket"

@@ -69,3 +69,22 @@ def test_serve_stdio_answers_manifest_and_verify(run_copy: Path, s3_env: S3Serve
         assert report["counted"]["s3_objects"] == report["counted"]["closed_batches"] > 0
     finally:
         agent.close()
+
+
+def test_serve_stdio_on_a_file_or_dev_null_says_what_it_needs(tmp_path: Path) -> None:
+    """Run by hand with a file or /dev/null for stdio (the console runs it over SSH, with
+    pipes): a clear refusal naming the stream, exit 2, not asyncio's traceback."""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"jsonrpc": "2.0", "id": 1, "method": "hello", "params": {}}\n')
+    for stdin, stdout, name, what in (
+            (requests, None, "stdin", "a regular file"),
+            (Path(os.devnull), None, "stdin", "a character device that is not a terminal"),
+            (None, tmp_path / "out.txt", "stdout", "a regular file")):
+        with open(stdin or os.devnull, "rb") as i, open(stdout or os.devnull, "wb") as o:
+            r = subprocess.run([sys.executable, "-m", "agents.cli", "serve", str(tmp_path),
+                                "--stdio"], stdin=i if stdin else subprocess.PIPE,
+                               stdout=o if stdout else subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=120)
+        err = r.stderr.decode()
+        assert r.returncode == 2, err
+        assert f"{name} is {what}" in err and "Traceback" not in err, err
