@@ -39,6 +39,9 @@ from agents.rundir.schema import Cost, Progress, cost_of
 from agents.rundir.spec import name_problem
 
 DEFAULT_AGENT = "~/.fleetdeck/venv/bin/fleetdeck-agent"
+# A pull that receives nothing from the node for this long stops (what arrived is kept for the
+# next pull): keepalives only catch a dead connection, not a silent agent.
+PULL_STALL_S = 120.0
 
 
 class FleetError(ValueError):
@@ -60,9 +63,7 @@ class Node(msgspec.Struct, forbid_unknown_fields=True):
     local: bool = False
     connect_timeout_s: float = 10.0
     keepalive_s: float = 15.0
-    # A pull that receives nothing from the node for this long stops (what arrived is kept
-    # for the next pull): keepalives only catch a dead connection, not a silent agent.
-    pull_stall_s: float = 120.0
+    pull_stall_s: float = PULL_STALL_S
     # Dollars per GPU-hour on this node, for the console's figures: over the run's
     # [run] cost_per_gpu_hour (the node never reads the fleet file).
     cost_per_gpu_hour: float | None = None

@@ -30,6 +30,7 @@ from console.artifacts.landing import EARLY_MIN, Hashed, Lander, Landing, finish
 from console.artifacts.pullset import STATE_DIR, Confiner, safe_rel
 from console.artifacts.sources import CHUNK, OpensshSource, PullError, Source
 from console.artifacts.streamed import StreamFetcher
+from console.fleet import PULL_STALL_S
 from console.sanitize import shown
 
 PARALLEL_FILES = 4
@@ -42,17 +43,10 @@ PROGRESS_POLL_S = 0.25
 PULL_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr",
                 "chacha20-poly1305@openssh.com"]
 T = TypeVar("T")
-# A pull that receives nothing for this long stops (the fleet file's pull_stall_s per node).
-STALL_S = 120.0
 
 
 class Stalled(PullError):
     """Nothing came from the node for the pull's stall limit: what waited on it was stopped."""
-
-
-def stalled_text(stall_s: float) -> str:
-    return (f"the node sent nothing for {stall_s:g} s: stopped (what arrived stays in its "
-            f"{PART_SUFFIX} for the next pull to resume)")
 
 
 async def watched(aw: Awaitable[T], beat: Callable[[], object], stall_s: float) -> T:
@@ -72,7 +66,8 @@ async def watched(aw: Awaitable[T], beat: Callable[[], object], stall_s: float) 
             if now != last:
                 last, since = now, loop.time()
             elif loop.time() - since >= stall_s:
-                raise Stalled(stalled_text(stall_s))
+                raise Stalled(f"the node sent nothing for {stall_s:g} s: stopped (what arrived "
+                              f"stays in its {PART_SUFFIX} for the next pull to resume)")
     finally:
         if not task.done():
             task.cancel()
@@ -195,7 +190,7 @@ class _Part:
 class Puller:
     def __init__(self, source: Source, dest: Path,
                  on_progress: Callable[[PullProgress], None] | None = None,
-                 stall_s: float = STALL_S) -> None:
+                 stall_s: float = PULL_STALL_S) -> None:
         self.source = source
         self.dest = dest
         self.on_progress = on_progress
@@ -292,7 +287,7 @@ class OpensshPuller(Puller):
 
     def __init__(self, source: OpensshSource, dest: Path,
                  on_progress: Callable[[PullProgress], None] | None = None,
-                 stall_s: float = STALL_S) -> None:
+                 stall_s: float = PULL_STALL_S) -> None:
         super().__init__(source, dest, on_progress, stall_s)
         self.openssh = source
         self._parts: dict[str, _Part] = {}  # the files of the current round
@@ -496,7 +491,7 @@ class OpensshPuller(Puller):
 
 def puller_for(source: Source, dest: Path,
                on_progress: Callable[[PullProgress], None] | None = None,
-               stall_s: float = STALL_S) -> Puller:
+               stall_s: float = PULL_STALL_S) -> Puller:
     """The puller that fits the data path; `stall_s`: see `watched`."""
     if isinstance(source, OpensshSource):
         return OpensshPuller(source, dest, on_progress, stall_s)
