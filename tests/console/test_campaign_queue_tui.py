@@ -9,7 +9,7 @@ What the queue holds is read here with boto3 from the campaign's prefix (the com
 the retry generation's record, the batch lines), never from the console's own summary; the
 figures on screen are checked against it: each index once, from the commit that won it and
 its highest generation, with the tail's backup copies on (their losers' lines count nowhere)
-and retried indices redone on either node."""
+and retried indices redone on whichever node takes them."""
 
 from __future__ import annotations
 
@@ -258,10 +258,9 @@ async def playbook(fleet: Fleet, q: Queue) -> None:
         assert all(min(x.completed or 0, x.failed or 0, x.truncated or 0) >= 0 for x in r.rows)
         assert f"{f.si(done_n)} lines" in bar() and f"failed {f.num(failed_n)}" in bar(), bar()
         assert f"truncated {f.pct(len(still), done_n)}" in bar(), bar()
-        # Redone on the other node than the one that cut it, for some: the case that broke
-        # the nodes' own counts.
-        first = final(gen0)
-        assert any(first[i][0] != now[i][0] for i in cut), "every index redone where it was cut"
+        # (Which node redoes which index is the scheduling's here; the case of an index
+        # redone on another node than the one that cut it, which broke the nodes' own counts,
+        # is forced in tests/queue/test_campaign.py's retry test.)
         await pilot.press("escape")
         await until(pilot, lambda: on_screen(app, FleetScreen), 120, "the fleet screen")
         lines_done = f"{f.pct(done_n, LINES)} {f.si(done_n)}/{f.si(LINES)}"
