@@ -145,10 +145,13 @@ def test_six_nodes_uneven_one_killed_mid_chunk_one_added_late(
     late = make_node(tmp_path, "n5", prompts, queue_s3, sims=1, time_scale=0.5, lease_s=6.0,
                      chunk_size=30)
     env = _env(queue_s3)
-    for n in fleet:
+    slow, first = fleet[2], fleet[0]
+    # The slow node and one other first, the rest once the late node has joined: started all
+    # at once on a loaded machine, the others could take most of the queue before the slow
+    # node held a chunk, or leave nothing for the late one.
+    for n in (first, slow):
         n.start(env)
     fleet.append(late)
-    slow = fleet[2]
     # Killed mid-chunk: it holds a chunk and has written some of its lines.
     wait_until(lambda: _queue(slow).get("held") and (slow.progress() or {}).get("completed", 0)
                >= 5, RUN_S, "the slow node holds a chunk, part done")
@@ -160,6 +163,9 @@ def test_six_nodes_uneven_one_killed_mid_chunk_one_added_late(
     late.start(env)
     wait_until(lambda: _queue(late).get("committed_here", 0) >= 1, RUN_S,
                "the node added mid-run commits a chunk")
+    for n in fleet:
+        if n.engine is None:
+            n.start(env)
     alive = [n for n in fleet if n is not slow]
     assert all(n.engine is not None for n in alive)
     _finish(alive)
