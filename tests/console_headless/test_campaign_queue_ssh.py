@@ -64,6 +64,12 @@ def store() -> Iterator[S3Server]:
         yield s3
 
 
+def sim_admin(h: SimHandle, path: str, body: dict[str, str] | None) -> None:
+    """One of SGLang's admin calls to a simulator (pause_generation, continue_generation)."""
+    r = httpx.post(f"{h.url}{path}", json=body, timeout=30.0)
+    assert r.status_code == 200, (path, r.status_code, r.text)
+
+
 def _ready(url: str) -> bool:
     try:
         return httpx.get(f"{url}/ready", timeout=2.0).status_code == 200
@@ -205,16 +211,26 @@ def test_a_queue_campaign_launched_joined_watched_verified_and_retried(
         assert answered_by(r) == first and c.started() == first
         wait_until(lambda: all(holds_a_chunk(c.run_dirs[n]) for n in first), RUN_S,
                    "gen-1 and gen-2 each hold a chunk")
-        # Paused (every node of the campaign, each its own call), they hold what they have and
-        # claim nothing more: what is left is for the node that joins.
-        r = fleetdeck(c.fleet, "pause", "traces")
-        ok(r)
-        assert answered_by(r) == first
-        for n in first:  # (done: the campaign ran too fast, said below)
-            wait_status(c.run_dirs[n], lambda s: s["status"] in ("paused", "done"), RUN_S,
-                        f"{n} paused")
+        # Their servers held still while the pause goes out, so no chunk ends (and none is
+        # claimed) during it however long the call takes on a loaded machine: what is left
+        # is certain to be left for the node that joins. (A freeze of seconds: deadlines are
+        # at least 30 s.)
+        for n in first:
+            sim_admin(servers[n], "/pause_generation", {"mode": "in_place"})
+        try:
+            # Paused (every node of the campaign, each its own call), they hold what they
+            # have and claim nothing more.
+            r = fleetdeck(c.fleet, "pause", "traces")
+            ok(r)
+            assert answered_by(r) == first
+            for n in first:
+                wait_status(c.run_dirs[n], lambda s: s["status"] == "paused", RUN_S,
+                            f"{n} paused")
+        finally:
+            for n in first:
+                sim_admin(servers[n], "/continue_generation", None)
         taken = {int(k.rsplit("/", 1)[1]) for k in c.listing("leases/gen-0000/")}
-        assert len(taken) < chunks, "gen-1 and gen-2 took every chunk: the campaign ran too fast"
+        assert len(taken) < chunks, (taken, chunks)
 
         # gen-3 added to the campaign in the fleet file joins the running campaign alone.
         c.write_fleet(everyone)
