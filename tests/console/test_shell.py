@@ -25,6 +25,7 @@ from console.tui.app import FleetdeckApp
 from console.tui.screens.fleet import FleetScreen
 from tests.console.conftest import on_screen, until
 from tests.console.screen import Recorder
+from tests.servers.ports import wait_until
 from tests.servers.sshd import SshServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,6 +184,11 @@ class Tmux:
     def screen(self) -> str:
         return self.run("capture-pane", "-p", "-J", "-t", "t")
 
+    def foreground(self) -> str:
+        """The name of the command the pane's terminal has in its foreground (what a Ctrl-C
+        typed now goes to)."""
+        return self.run("display-message", "-p", "-t", "t", "#{pane_current_command}").strip()
+
     def wait(self, cond: Callable[[str], bool], what: str, timeout: float = 120) -> str:
         deadline = time.monotonic() + timeout
         while True:
@@ -294,6 +300,9 @@ def test_a_shell_on_the_node_in_a_real_terminal(sshd: SshServer, tmux: Tmux,
     tmux.type('echo "WHERE=$PWD VIA=${SSH_CONNECTION:-none}"')
     tmux.wait(lambda t: f"WHERE={local} VIA=none" in t, "a local shell in the run dir")
     tmux.type("sleep 60; echo NOT_INTERRUPTED")
+    # Ctrl-C once sleep holds the terminal: sent sooner, it can reach bash between reading
+    # the line and handing the terminal to sleep, and be lost (sleep then ran its 60 s).
+    wait_until(lambda: tmux.foreground() == "sleep", 120, "sleep in the terminal's foreground")
     tmux.keys("C-c")
     tmux.wait(prompt_after_ctrl_c, "the local shell to take Ctrl-C")
     tmux.type("echo ALIVE_$((20+1))")
