@@ -24,6 +24,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,13 @@ def sftp_cipher(node: Node) -> str:
     return m.group(1) if m else "?"
 
 
+def load() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "?"
+
+
 def run_cmd(cmd: list[str]) -> float:
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -177,20 +185,35 @@ def rsync_cmd(sshd: SshServer, run_dir: Path, dest: Path, fsync: bool = False) -
             f"{sshd.user}@{sshd.host}:{run_dir}/", f"{dest}/"]
 
 
+def box_cpu_s() -> float | None:
+    """CPU seconds the whole box has been busy (every process and kernel thread: both ends of
+    the transfer, sshd, the disk's write-back), from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(scratch: Path, expect: tuple[int, int], name: str, once: Callable[[Path], float]
-            ) -> float:
-    """Wall time of one transfer into a fresh destination, which is checked for size and file
-    count, then deleted (only the source and one copy are on disk at once). Dirty pages are
-    written out first (not timed), so no transfer pays for the write-back of the one before."""
+            ) -> tuple[float, float | None]:
+    """(wall seconds, box CPU seconds) of one transfer into a fresh destination, which is
+    checked for size and file count, then deleted (only the source and one copy are on disk at
+    once). Dirty pages are written out first (not timed), so no transfer pays for the
+    write-back of the one before."""
     dest = scratch / f"dest-{name.split()[0]}"
     os.sync()
     try:
+        cpu0 = box_cpu_s()
         wall = once(dest)
+        cpu1 = box_cpu_s()
         got = tree_size(dest)
         if got != expect:
             raise SystemExit(f"{name}: {got[1]} files, {got[0]:,} bytes arrived; expected "
                              f"{expect[1]} files, {expect[0]:,} bytes")
-        return wall
+        return wall, (None if cpu0 is None or cpu1 is None else cpu1 - cpu0)
     finally:
         shutil.rmtree(dest, ignore_errors=True)
 
@@ -252,13 +275,18 @@ def main() -> None:
         # Rounds interleave the tools, so a slow spell of the shared host hits them all.
         print(f"transfers ({args.runs} rounds, best of each counts; 2 shared cores: expect "
               "noise):")
+        print(f"load average at start: {load()}")
         times: dict[str, list[float]] = {short: [] for _, short, _ in transfers}
+        cpus: dict[str, list[float]] = {short: [] for _, short, _ in transfers}
         for r in range(args.runs):
             for name, short, once in transfers:
-                wall = measure(scratch, expect, name, once)
+                wall, cpu = measure(scratch, expect, name, once)
                 times[short].append(wall)
+                if cpu is not None:
+                    cpus[short].append(cpu)
                 print(f"  round {r + 1}  {name:<18} {wall:6.2f} s  {nbytes / MB / wall:7.1f} "
-                      "MB/s", flush=True)
+                      f"MB/s  box CPU {'?' if cpu is None else f'{cpu:.2f} s'}", flush=True)
+        print(f"load average at end: {load()}")
         labels = {"pull": f"fleetdeck pull ({pull_path[0]}: {pull_path[1]})",
                   "scp": f"scp -r (default: {ssh_cipher})", "scp-gcm": f"scp -r -c {GCM}",
                   "rsync": f"rsync -a over ssh ({ssh_cipher})",
@@ -269,10 +297,20 @@ def main() -> None:
             print(f"  {name:<50} {wall:6.2f} s  {nbytes / MB / wall:7.1f} MB/s")
         print(f"  (pull's agent link connect + agent start: {min(pull_conn):.2f} s, the stream's "
               "ssh logins overlapping it)")
+        if all(cpus.values()):
+            # Both ends share this box's cores: a transfer that keeps them busy goes as fast
+            # as its total CPU allows, so this says where a wall ratio can go here.
+            print("box CPU per transfer (median; every process and kernel thread, both ends):")
+            for name, short, _ in results:
+                print(f"  {name:<50} {statistics.median(cpus[short]):6.2f} s  "
+                      f"({statistics.median(cpus[short]) / (nbytes / 1e9):.2f} s per GB)")
         pull_s = results[0][2]
         print()
         for _, short, wall in results[1:]:
             print(f"ratio pull/{short}: {wall / pull_s:.2f}x throughput")
+        if cpus["pull"] and cpus["rsync"]:
+            used = statistics.median(cpus["rsync"]) / statistics.median(cpus["pull"])
+            print(f"ratio pull/rsync box CPU: {used:.2f}x (above 1: pull used less)")
         print("target: pull >= 1.0x rsync -a (pull also checks every sha256 and fsyncs every "
               "file; rsync -a --fsync is the like-for-like figure)")
     finally:
