@@ -47,6 +47,37 @@ def on_screen(app: Any, kind: type[ScreenT]) -> ScreenT | None:
     return screen if isinstance(screen, kind) and screen.is_mounted else None
 
 
+async def palette_search(pilot: Any, query: str, min_hits: int = 1,
+                         on_open: Callable[[Any], None] | None = None) -> Any:
+    """Open the command palette, type `query` and return the palette (still open) once the
+    search for the whole query has ended with at least `min_hits` hits. Each key starts a
+    search whose hits stream in (every 0.25 s): a list read at its first hit can still lack
+    one that is coming (and a check that a title is absent would pass on it), and a search
+    for a prefix ('paus') can be the one shown. `on_open` runs before the first key."""
+    from textual.command import CommandList, CommandPalette
+
+    await pilot.press("ctrl+p")
+    palette = await until(pilot, lambda: on_screen(pilot.app, CommandPalette), 120,
+                          "the palette")
+    if on_open is not None:
+        on_open(palette)
+    searches: list[tuple[str, Any]] = []  # each key's search: (the query, its worker)
+    gather = palette._gather_commands
+
+    def gather_seen(value: str) -> Any:
+        searches.append((value, gather(value)))
+        return searches[-1][1]
+
+    palette._gather_commands = gather_seen
+    await pilot.press(*query)
+    results = palette.query_one(CommandList)
+    await until(pilot, lambda: bool(searches) and searches[-1][0] == query
+                and searches[-1][1].is_finished and results.option_count >= min_hits, 120,
+                f"the palette's search for {query!r} ended")
+    await pilot.pause()
+    return palette
+
+
 def agent(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "agents.cli", *args], capture_output=True,
                           text=True, timeout=timeout)

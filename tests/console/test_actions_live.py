@@ -18,7 +18,7 @@ from console.tui.screens.node import GenerateScreen
 from console.tui.widgets.confirm import ChoiceModal, ConfirmModal
 from console.tui.widgets.log_pane import LogPane
 from console.tui.widgets.prompt import ValueModal
-from tests.console.conftest import LiveRun, on_screen, until
+from tests.console.conftest import LiveRun, on_screen, palette_search, until
 from tests.console.screen import Recorder, progress, screen_text, server, snapshot
 from tests.servers.sshd import SshServer
 
@@ -172,27 +172,11 @@ async def test_read_only(live_run: LiveRun) -> None:
 
 
 async def palette_titles(pilot: Any, app: FleetdeckApp, query: str) -> str:
-    """The command palette's results for a query, as text, once its search has ended: the
-    palette shows hits as they stream in (every 0.25 s), so a list read earlier can lack one
-    that is still coming (and a check that a title is absent would pass on it)."""
+    """The command palette's results for a query, as text, once its search has ended."""
     from textual.command import CommandList, CommandPalette
 
-    await pilot.press("ctrl+p")
-    palette = await until(pilot, lambda: on_screen(app, CommandPalette), 120, "the palette")
-    searches: list[tuple[str, Any]] = []  # each key's search: (the query, its worker)
-    gather = palette._gather_commands
-
-    def gather_seen(value: str) -> Any:
-        searches.append((value, gather(value)))
-        return searches[-1][1]
-
-    palette._gather_commands = gather_seen  # type: ignore[method-assign]
-    await pilot.press(*query)
+    palette = await palette_search(pilot, query)
     results = palette.query_one(CommandList)
-    await until(pilot, lambda: bool(searches) and searches[-1][0] == query
-                and searches[-1][1].is_finished and results.option_count > 0, 120,
-                f"the palette's search for {query} ended")
-    await pilot.pause()
     text = "\n".join(str(results.get_option_at_index(i).prompt)
                      for i in range(results.option_count))
     await pilot.press("escape")

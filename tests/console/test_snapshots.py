@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 from rich.text import Text
-from textual.command import CommandList, CommandPalette
 from textual.widgets import Input, Static
 
 from agents.rundir.schema import FailureSummary
@@ -31,7 +30,7 @@ from console.tui.widgets.live_static import LiveStatic
 from console.tui.widgets.prompt import ValueModal
 from console.tui.widgets.retry import RetryModal
 from tests.console import data as d
-from tests.console.conftest import on_screen, until
+from tests.console.conftest import on_screen, palette_search, until
 from tests.console.screen import lasting
 
 SIZE = (160, 48)
@@ -298,26 +297,11 @@ def test_read_only_footer(snap_compare: Any) -> None:
 def test_command_palette(snap_compare: Any) -> None:
     async def run_before(pilot: Any) -> None:
         await quiet_gen(pilot)
-        await pilot.press("ctrl+p")
-        palette = await until(pilot, lambda: on_screen(pilot.app, CommandPalette),
-                              60, "the palette")
-        palette.query_one(Input).cursor_blink = False
-        # Each key starts a search that streams its hits; the image is of the last one's,
-        # once it has ended (not of 'paus', whose hits are the same but marked otherwise).
-        searches: list[tuple[str, Any]] = []
-        gather = palette._gather_commands
-
-        def gather_seen(value: str) -> Any:
-            searches.append((value, gather(value)))
-            return searches[-1][1]
-
-        palette._gather_commands = gather_seen
-        await pilot.press(*"pause")
-        results = palette.query_one(CommandList)
-        await until(pilot, lambda: searches and searches[-1][0] == "pause"
-                    and searches[-1][1].is_finished and results.option_count >= 2, 60,
-                    "the search for 'pause' ended")
-        await pilot.pause()
+        # The image is of the search for 'pause' once it has ended (not of 'paus', whose
+        # hits are the same but marked otherwise).
+        await palette_search(pilot, "pause", min_hits=2,
+                             on_open=lambda p: setattr(p.query_one(Input), "cursor_blink",
+                                                       False))
 
     assert snap_compare(fed_app(), terminal_size=SIZE, run_before=run_before)
 
