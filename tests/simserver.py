@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.servers.ports import free_ports, kill_pid, wait_until
+from tests.servers.ports import dies_with_tests, free_ports, kill_pid, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 # Fast and ready at once: 1 simulated second = 1 ms; decode log line every 20 ms.
@@ -85,7 +85,7 @@ def start_sim(tmp_path: Path, *args: str, name: str = "sim", wait_ready: bool = 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "wb") as out, open(err_path, "wb") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=dies_with_tests())
     handle = SimHandle(f"http://127.0.0.1:{port}", proc, log_path, port, err_path)
     if wait_ready:
         try:

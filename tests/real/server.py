@@ -21,7 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.real.env import RealEnv
-from tests.servers.ports import free_ports
+from tests.servers.ports import dies_with_tests, free_ports
 
 # The flags that serve on this CPU (no AMX, no CUDA): torch-native attention and sampling,
 # no graphs, float32 (bf16 is much slower on AVX2), metrics on, no warm-up request.
@@ -155,5 +155,6 @@ def start_server(env: RealEnv, folder: Path, *extra: str, port: int | None = Non
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=dies_with_tests(),
                                 env={**os.environ, **env.server_env()}, cwd=folder)
     return RealServer(port, proc, log_path, time.monotonic())

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.servers.ports import free_ports, kill_pid, wait_until
+from tests.servers.ports import dies_with_tests, free_ports, kill_pid, wait_until
 
 
 class Router:
@@ -42,7 +42,8 @@ def start_router(root: Path, worker_urls: list[str], *args: str,
              "--prometheus-port", str(prom), "--health-check-interval-secs",
              f"{health_interval_s:g}", "--log-level", "warn", *args],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=dict(os.environ, NO_COLOR="1"))
+            start_new_session=True, preexec_fn=dies_with_tests(),
+            env=dict(os.environ, NO_COLOR="1"))
     r = Router(proc, f"http://127.0.0.1:{port}", log)
 
     def all_listed() -> bool:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.servers.ports import free_ports, kill_pid, wait_until
+from tests.servers.ports import dies_with_tests, free_ports, kill_pid, wait_until
 
 SSHD = "/usr/sbin/sshd"
 
@@ -121,6 +121,7 @@ def start_sshd(folder: Path) -> SshServer:
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
+        preexec_fn=dies_with_tests(),
     )
     log.close()
     try:
