@@ -72,6 +72,47 @@ def pull_to_end(node: FakeNode, data_path: str) -> subprocess.CompletedProcess[s
                           timeout=180, env=pull_env(data_path))
 
 
+def stopped_mid_file(node: FakeNode, data_path: str, copier: str, part: Path
+                     ) -> tuple[subprocess.Popen[str], int]:
+    """A pull started and its writer stopped (SIGSTOP) with the part half-copied: (the pull,
+    its copier's pid). sftp writes the part itself; on the stream it is pull's own thread, so
+    pull is stopped (its ssh then waits on a full pipe). Stopped first, then checked: a look
+    before the stop could be followed by the rest of the copy (the 256 MiB go in about a
+    second), so a pull seen whole once stopped is killed and started again."""
+    for _ in range(3):
+        stopped = _stop_mid_file(pull(node, data_path), data_path, copier, part)
+        if stopped is not None:
+            return stopped
+        shutil.rmtree(node.pulls, ignore_errors=True)
+    raise AssertionError("three pulls copied the whole file before they could be stopped")
+
+
+def _stop_mid_file(first: subprocess.Popen[str], data_path: str, copier: str, part: Path
+                   ) -> tuple[subprocess.Popen[str], int] | None:
+    """The pull and its copier once stopped mid-file; None (the pull killed, its copier
+    gone) when it was past the file already."""
+    sftp = wait_for(lambda: [pid for pid, (comm, ppid, _) in processes().items()
+                             if ppid == first.pid and comm == copier], 120, copier)[0]
+    wait_for(lambda: first.poll() is not None or (part.exists() and part.stat().st_size > 0),
+             120, "bytes in the part")
+    writer = sftp if data_path == "openssh" else first.pid
+    try:
+        os.kill(writer, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    if first.poll() is None and part.exists() and 0 < part.stat().st_size < SIZE:
+        return first, sftp
+    for pid in {writer, first.pid}:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    first.kill()
+    first.wait(timeout=60)
+    wait_for(lambda: sftp not in processes(), 120, "the whole pull's copier to go")
+    return None
+
+
 # The copier pull starts, per data path: sftp (its ssh beneath it), or ssh carrying the
 # agent's stream (pull's own thread writes the part).
 COPIERS = {"openssh": "sftp", "stream": "ssh"}
@@ -92,15 +133,8 @@ def test_a_killed_pull_leaves_no_copier_and_a_second_waits_its_turn(sshd: SshSer
                  "manifest": page(entry("big.bin", size=SIZE, sha256=sha))})
     part = node.pulls / "gen-1" / "r" / "big.bin.fdpart"
 
-    first = pull(node, data_path)
+    first, sftp = stopped_mid_file(node, data_path, copier, part)
     try:
-        sftp = wait_for(lambda: [pid for pid, (comm, ppid, _) in processes().items()
-                                 if ppid == first.pid and comm == copier], 120, copier)[0]
-        wait_for(lambda: part.exists() and part.stat().st_size > 0, 120, "bytes in the part")
-        # The writer paused: the part stays half-copied while we look (no race with the end).
-        # sftp writes the part itself; on the stream it is pull's own thread, so pull is
-        # stopped (its ssh then waits on a full pipe).
-        os.kill(sftp if data_path == "openssh" else first.pid, signal.SIGSTOP)
         group = processes()[sftp][2]  # sftp's own process group, its ssh in it too
         assert any(comm == "ssh" for comm, _, pgrp in processes().values() if pgrp == group)
 
