@@ -232,13 +232,19 @@ def test_the_tail_gets_a_backup_and_the_first_commit_wins(
     write_prompts(prompts, 200)
     fleet += [make_node(tmp_path, f"b{k}", prompts, queue_s3, sims=1, time_scale=s,
                         lease_s=60.0, chunk_size=20, concurrency_per_server=4)
-              for k, s in enumerate([0.002, 0.002, 2.0])]
+              for k, s in enumerate([0.002, 0.002, 6.0])]
     env = _env(queue_s3)
     slow = fleet[2]
-    # The slow node first, holding a chunk before the fast ones start: started together on a
-    # loaded box, the fast ones took all ten chunks before its engine was up (CI saw it).
+    # The slow node first, holding a chunk with a line done before the fast ones start:
+    # started together on a loaded box, the fast ones took all ten chunks before its engine
+    # was up (CI saw it); and its chunk then has lines to lose. At its pace (~0.3 lines/s)
+    # the rest of the chunk takes about a minute, the window the fast ones have to start,
+    # take the other nine chunks and commit a backup of it (~9 s here; at a third of this
+    # pace the window was ~10 s, which a loaded box could miss).
     slow.start(env)
-    wait_until(lambda: bool(_queue(slow).get("held")), RUN_S, "the slow node holds a chunk")
+    wait_until(lambda: bool(_queue(slow).get("held"))
+               and (slow.progress() or {}).get("completed", 0) >= 1, RUN_S,
+               "the slow node holds a chunk, a line of it done")
     for n in fleet[:2]:
         n.start(env)
     _finish(fleet)
