@@ -354,6 +354,9 @@ async def test_openssh_path_trims_refetches_falls_back_and_cancels(sshd: SshServ
                            _procs(lambda ppid, pgrp: ppid == os.getpid())
                            if p.split()[1] == "sftp"}
                 await asyncio.sleep(0.002)
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise AssertionError("the pull failed before it was cancelled") \
+                    from task.exception()
             # Stopped, then looked at: a look before the stop could be followed by the rest
             # of the copy (128 MiB go in well under a second), so a copy seen whole once
             # stopped is cancelled and started again from nothing.
