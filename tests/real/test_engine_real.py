@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -180,6 +181,7 @@ class _Burst:
         self.rids = rids if rids is not None else [f"burst-{i:03d}." for i in range(n)]
         self.max_tokens = max_tokens
         self.answers: list[dict[str, Any]] = []
+        self._answered: set[str] = set()  # rids whose answer came (written by the thread)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._send()), daemon=True)
 
     async def _send(self) -> None:
@@ -190,21 +192,35 @@ class _Burst:
                     "max_tokens": self.max_tokens, "ignore_eos": True, "rid": rid})
                 assert r.status_code == 200, r.text
                 answer: dict[str, Any] = r.json()
+                self._answered.add(rid)
                 return answer
             self.answers = list(await asyncio.gather(*(one(r) for r in self.rids)))
 
     def start(self) -> None:
         self._thread.start()
 
-    def abort(self, rids: list[str] | None = None) -> list[dict[str, Any]]:
+    def abort(self, rids: list[str] | None = None, again_s: float = 30.0,
+              timeout: float = 240.0) -> list[dict[str, Any]]:
         """Abort `rids` (all by default, the last sent first) and wait for every answer. The
         last sent are the queued ones: aborted before any running one frees its KV room, they
         are never admitted; in sending order, each running abort let queued ones in, and on a
-        loaded box every one of them had made tokens before its own abort came (ci)."""
-        for rid in reversed(self.rids) if rids is None else rids:
-            r = httpx.post(f"{self.url}/abort_request", json={"rid": rid}, timeout=30)
-            assert r.status_code == 200 and r.content == b""
-        self._thread.join(timeout=120)
+        loaded box every one of them had made tokens before its own abort came (ci).
+
+        An abort for a rid the server does not hold yet is nothing (SGLang answers 200 and
+        forgets it): on a box with a CPU hog two of the 40 requests reached the server after
+        their abort and ran their 4,000 tokens for minutes (ci). So a rid whose answer has
+        not come is aborted again every `again_s` (long enough for an abort that was taken
+        to be answered, so none is aborted twice)."""
+        named = list(reversed(self.rids)) if rids is None else list(rids)
+        deadline = time.monotonic() + timeout
+        while True:
+            for rid in named:
+                if rid not in self._answered:
+                    r = httpx.post(f"{self.url}/abort_request", json={"rid": rid}, timeout=30)
+                    assert r.status_code == 200 and r.content == b""
+            self._thread.join(timeout=max(0.0, min(again_s, deadline - time.monotonic())))
+            if not self._thread.is_alive() or time.monotonic() >= deadline:
+                break
         assert not self._thread.is_alive(), "the burst's answers did not come after its abort"
         assert [a["id"] for a in self.answers] == self.rids
         return self.answers
